@@ -1,0 +1,58 @@
+# converged.hpc: make lab brings up the lab and runs the main job; make test runs the tests.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+export CONTAINERS_CONF := $(CURDIR)/lab/containers.conf
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+PYTHON ?= python3
+SCENARIOS ?= default
+COLLECTION_LINK := .lab/collections/ansible_collections/converged/hpc
+
+.PHONY: help deps dev-collection lab lab-down lab-ping lab-status images unit lint sanity molecule test build
+
+help:
+	@sed -n 's/^## //p' Makefile
+
+## make lab        bring up the lab machines and run the main job end to end
+lab: dev-collection
+	lab/lab.sh up
+	lab/lab.sh ping
+
+## make lab-down   remove every container, network and volume of the lab
+lab-down:
+	lab/lab.sh down
+
+lab-status:
+	@lab/lab.sh status
+
+## make deps       install the Debian and Python packages the lab and tests need
+deps:
+	lab/lab.sh deps
+	$(PYTHON) -m pip install -q -r requirements-test.txt
+
+dev-collection:
+	@mkdir -p $(dir $(COLLECTION_LINK))
+	@ln -sfn $(CURDIR) $(COLLECTION_LINK)
+
+images:
+	lab/lab.sh image stock
+	lab/lab.sh image prebaked
+
+## make unit       unit and simulator-backed integration tests (pytest)
+unit: dev-collection
+	$(PYTHON) -m pytest -q tests/unit tests/integration
+
+## make lint       ansible-lint (production profile) and ansible-test sanity
+lint: dev-collection
+	ansible-lint --profile production
+	tests/sanity.sh
+
+## make molecule   the molecule scenarios (SCENARIOS="default cluster ...")
+molecule: dev-collection images
+	for s in $(SCENARIOS); do molecule test -s $$s || exit 1; done
+
+## make test       everything CI runs
+test: unit lint molecule
+
+## make build      build the collection tarball
+build:
+	ansible-galaxy collection build --force

@@ -1,0 +1,327 @@
+#!/usr/bin/env bash
+# The converged.hpc lab: Debian 12 "bare-metal machines" as systemd containers.
+#
+#   lab/lab.sh deps              install podman, runc, debootstrap (Debian packages)
+#   lab/lab.sh image [FLAVOUR]   build the stock or prebaked machine image (cached)
+#   lab/lab.sh up                boot the machines of lab.conf (reuses running ones)
+#   lab/lab.sh ping              ansible ping of every machine over SSH
+#   lab/lab.sh status            list the lab's machines
+#   lab/lab.sh down              remove every container, network and volume of the lab
+#
+# Settings come from lab/lab.conf, overridable from the environment.
+set -euo pipefail
+
+LAB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(dirname "$LAB_DIR")"
+cd "$REPO_DIR"
+# shellcheck source=lab/lab.conf
+source "$LAB_DIR/lab.conf"
+export CONTAINERS_CONF="$LAB_DIR/containers.conf"
+
+IMAGE_REPO="localhost/converged-hpc/debian12"
+LABEL="converged.hpc.lab"
+NETWORK="${LAB_NAME}-net"
+SSH_USER="admin"
+STATE="$REPO_DIR/$LAB_STATE"
+# Packages of the prebaked flavour: what the roles install (slurm_common,
+# munge, slurm_controller, slurm_compute, mpich, sssd, nfs_*, keepalived).
+PREBAKED_PACKAGES="munge slurm-client slurmctld slurmd libpmix2 mpich libmpich-dev gcc libc6-dev
+ sssd-ldap libnss-sss libpam-sss ldap-utils keepalived nfs-common nfs-ganesha nfs-ganesha-vfs
+ libnfs-utils"
+BASE_PACKAGES="systemd,systemd-sysv,dbus,python3,python3-apt,iproute2,openssh-server,sudo,procps,ca-certificates,less"
+
+T0=$(date +%s%N)
+# elapsed seconds since T0 (or since $1, a date +%s%N stamp), one decimal
+elapsed() { local ms=$(( ($(date +%s%N) - ${1:-$T0}) / 1000000 )); printf '%d.%d' $((ms / 1000)) $((ms % 1000 / 100)); }
+say() { printf '[lab %6ss] %s\n' "$(elapsed)" "$*"; }
+die() { printf '[lab] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# Run a long command, printing a heartbeat every 15 s so nobody stares at silence.
+with_heartbeat() {
+  local what="$1"; shift
+  local log="$STATE/logs/${what// /_}.log"
+  mkdir -p "$STATE/logs"
+  "$@" >"$log" 2>&1 &
+  local pid=$! start; start=$(date +%s)
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 3
+    if (( ($(date +%s) - start) % 15 < 3 )) && kill -0 "$pid" 2>/dev/null; then
+      say "  ... $what still running ($(( $(date +%s) - start )) s, log: ${log#"$REPO_DIR"/})"
+    fi
+  done
+  if ! wait "$pid"; then
+    tail -n 25 "$log" >&2
+    die "$what failed (full log: $log)"
+  fi
+}
+
+validate_conf() {
+  [[ "$LAB_FLAVOUR" == stock || "$LAB_FLAVOUR" == prebaked ]] \
+    || die "LAB_FLAVOUR='$LAB_FLAVOUR' is not stock or prebaked"
+  [[ "$LAB_CONTROLLERS" =~ ^[0-9]+$ && "$LAB_CONTROLLERS" -le 9 ]] \
+    || die "LAB_CONTROLLERS='$LAB_CONTROLLERS' must be an integer 0-9"
+  [[ "$LAB_COMPUTE" =~ ^[0-9]+$ && "$LAB_COMPUTE" -le 200 ]] \
+    || die "LAB_COMPUTE='$LAB_COMPUTE' must be an integer 0-200"
+  [[ "$LAB_SUBNET_PREFIX" =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] \
+    || die "LAB_SUBNET_PREFIX='$LAB_SUBNET_PREFIX' must look like 10.89.50"
+  [[ "$LAB_NAME" =~ ^[a-z][a-z0-9-]{0,20}$ ]] \
+    || die "LAB_NAME='$LAB_NAME' must be lowercase letters, digits and dashes"
+}
+
+cmd_deps() {
+  local missing=()
+  for tool in podman runc debootstrap iptables ssh-keygen ssh; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+  done
+  if ((${#missing[@]})); then
+    say "installing Debian packages for: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq podman runc debootstrap uidmap slirp4netns netavark aardvark-dns iptables \
+      openssh-client >/dev/null
+  fi
+}
+
+image_name() { echo "$IMAGE_REPO:$1"; }
+
+build_stock() {
+  local img root
+  img=$(image_name stock)
+  root="$STATE/rootfs"
+  rm -rf "$root"; mkdir -p "$root"
+  say "debootstrap Debian 12 (bookworm) into $LAB_STATE/rootfs (about a minute)"
+  with_heartbeat "debootstrap" debootstrap --variant=minbase --include="$BASE_PACKAGES" \
+    bookworm "$root" http://deb.debian.org/debian
+  say "configuring the machine image (admin user, sudo, first-boot SSH host keys)"
+  cat >"$root/etc/apt/sources.list" <<'EOF'
+deb http://deb.debian.org/debian bookworm main
+deb http://deb.debian.org/debian bookworm-updates main
+deb http://deb.debian.org/debian-security bookworm-security main
+EOF
+  chroot "$root" useradd --create-home --shell /bin/bash --uid 1500 "$SSH_USER"
+  install -d -m 0700 -o 1500 -g 1500 "$root/home/$SSH_USER/.ssh"
+  echo "$SSH_USER ALL=(ALL) NOPASSWD:ALL" >"$root/etc/sudoers.d/90-lab-admin"
+  chmod 0440 "$root/etc/sudoers.d/90-lab-admin"
+  # Every machine must get host keys of its own, made at its first boot.
+  rm -f "$root"/etc/ssh/ssh_host_*
+  install -m 0644 "$LAB_DIR/images/lab-ssh-hostkeys.service" "$root/etc/systemd/system/"
+  ln -sf /etc/systemd/system/lab-ssh-hostkeys.service \
+    "$root/etc/systemd/system/multi-user.target.wants/lab-ssh-hostkeys.service"
+  # No consoles in a container; keep the journal small.
+  ln -sf /dev/null "$root/etc/systemd/system/getty.target"
+  ln -sf /dev/null "$root/etc/systemd/system/console-getty.service"
+  mkdir -p "$root/etc/systemd/journald.conf.d"
+  printf '[Journal]\nSystemMaxUse=32M\n' >"$root/etc/systemd/journald.conf.d/lab.conf"
+  : >"$root/etc/machine-id"
+  rm -f "$root/etc/hostname"
+  chroot "$root" apt-get clean
+  rm -rf "$root"/var/lib/apt/lists/*
+  say "importing the root filesystem as $img"
+  with_heartbeat "podman import" bash -c "tar -C '$root' -c . | podman import \
+    --change 'CMD [\"/sbin/init\"]' --change 'STOPSIGNAL SIGRTMIN+3' - '$img'"
+  rm -rf "$root"
+}
+
+build_prebaked() {
+  local img; img=$(image_name prebaked)
+  say "building $img: stock + the roles' packages (about a minute)"
+  # shellcheck disable=SC2086
+  with_heartbeat "podman build prebaked" podman build --build-arg "BASE=$(image_name stock)" \
+    --build-arg "PACKAGES=$(echo $PREBAKED_PACKAGES)" -t "$img" \
+    -f "$LAB_DIR/images/Containerfile.prebaked" "$LAB_DIR/images"
+}
+
+cmd_image() {
+  local flavour="${1:-$LAB_FLAVOUR}" force="${FORCE:-0}"
+  [[ "$flavour" == stock || "$flavour" == prebaked ]] || die "image flavour '$flavour' is not stock or prebaked"
+  if [[ "$force" != 1 ]] && podman image exists "$(image_name "$flavour")"; then
+    say "image $(image_name "$flavour") exists (FORCE=1 rebuilds it)"
+    return
+  fi
+  if [[ "$flavour" == prebaked ]] && ! podman image exists "$(image_name stock)"; then
+    build_stock
+  fi
+  "build_$flavour"
+  say "image $(image_name "$flavour") ready"
+}
+
+# name ip node-type, one line per wanted machine
+wanted_machines() {
+  local i
+  for ((i = 1; i <= LAB_CONTROLLERS; i++)); do
+    printf '%s-ctl-%02d %s.%d controller\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((10 + i))
+  done
+  for ((i = 1; i <= LAB_COMPUTE; i++)); do
+    printf '%s-cn-%02d %s.%d compute\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((20 + i))
+  done
+}
+
+# Capabilities by machine role (docs/lab.md says why):
+#   controller: NET_ADMIN+NET_RAW for keepalived's VRRP and VIP, DAC_READ_SEARCH for nfs-ganesha;
+#   compute: privileged, so Slurm's cgroup plugins (production defaults) can run;
+#   directory: SYS_PTRACE so slapd restarts cleanly.
+run_flags_for() {
+  case "$1" in
+    controller) echo "--cap-add NET_ADMIN --cap-add NET_RAW --cap-add DAC_READ_SEARCH -v ${LAB_NAME}-shared:/srv/shared" ;;
+    compute) echo "--privileged" ;;
+    directory) echo "--cap-add SYS_PTRACE" ;;
+    *) echo "" ;;
+  esac
+}
+
+ensure_key() {
+  if [[ ! -f "$STATE/ssh/id_ed25519" ]]; then
+    mkdir -p "$STATE/ssh"; chmod 0700 "$STATE/ssh"
+    ssh-keygen -q -t ed25519 -N '' -C "converged-hpc-lab" -f "$STATE/ssh/id_ed25519"
+    say "generated the lab SSH key $LAB_STATE/ssh/id_ed25519"
+  fi
+  chmod 0644 "$STATE/ssh/id_ed25519.pub"
+}
+
+ensure_network() {
+  if ! podman network exists "$NETWORK"; then
+    podman network create --label "$LABEL=$LAB_NAME" --subnet "$LAB_SUBNET_PREFIX.0/24" \
+      --gateway "$LAB_SUBNET_PREFIX.1" "$NETWORK" >/dev/null
+    say "created network $NETWORK ($LAB_SUBNET_PREFIX.0/24)"
+  fi
+  if ! podman volume exists "${LAB_NAME}-shared"; then
+    podman volume create --label "$LABEL=$LAB_NAME" "${LAB_NAME}-shared" >/dev/null
+  fi
+}
+
+# start_machine NAME IP NODE_TYPE
+start_machine() {
+  local name="$1" ip="$2" type="$3" img state flavour
+  img=$(image_name "$LAB_FLAVOUR")
+  if podman container exists "$name"; then
+    flavour=$(podman inspect -f "{{ index .Config.Labels \"converged.hpc.flavour\" }}" "$name")
+    if [[ "$flavour" != "$LAB_FLAVOUR" ]]; then
+      say "$name runs the $flavour image, lab wants $LAB_FLAVOUR: replacing it"
+      podman rm -f "$name" >/dev/null
+    elif [[ "$(podman inspect -f '{{.Image}}' "$name")" != "$(podman image inspect -f '{{.Id}}' "$img")" ]]; then
+      say "$name runs an older build of $img: replacing it"
+      podman rm -f "$name" >/dev/null
+    else
+      state=$(podman inspect -f '{{.State.Status}}' "$name")
+      if [[ "$state" == running ]]; then
+        say "$name already running ($ip), reused"
+      else
+        podman start "$name" >/dev/null; say "$name restarted ($ip)"
+      fi
+      return
+    fi
+  fi
+  # shellcheck disable=SC2046
+  podman run -d --name "$name" --hostname "$name" --network "$NETWORK" --ip "$ip" \
+    --systemd=always --label "$LABEL=$LAB_NAME" --label "converged.hpc.node-type=$type" \
+    --label "converged.hpc.flavour=$LAB_FLAVOUR" \
+    -v "$STATE/ssh/id_ed25519.pub:/home/$SSH_USER/.ssh/authorized_keys:ro" \
+    $(run_flags_for "$type") "$img" /sbin/init >/dev/null
+  say "$name booted ($type, $ip)"
+}
+
+wait_ssh() {
+  local name="$1" ip="$2" deadline=$(( $(date +%s) + 90 ))
+  until ssh "${SSH_OPTS[@]}" "$SSH_USER@$ip" true 2>/dev/null; do
+    (( $(date +%s) < deadline )) || die "$name ($ip) did not answer SSH within 90 s (podman logs $name)"
+    sleep 0.5
+  done
+}
+
+write_state() {
+  local machines="$STATE/machines.tsv"
+  wanted_machines >"$machines"
+  # A static inventory of the lab (the CAPI inventory replaces it once the simulator runs).
+  {
+    echo "# Written by lab/lab.sh: the lab's machines over SSH. Do not edit."
+    echo "all:"
+    echo "  vars:"
+    echo "    ansible_user: $SSH_USER"
+    echo "    ansible_become: true"
+    echo "    ansible_ssh_private_key_file: $STATE/ssh/id_ed25519"
+    echo "    ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+    echo "    converged_lab_cpus: $LAB_CPUS"
+    echo "    converged_lab_ram_mib: $LAB_RAM_MIB"
+    echo "  children:"
+    for type in controller compute; do
+      echo "    $type:"
+      if grep -q " $type\$" "$machines"; then
+        echo "      hosts:"
+        awk -v t="$type" '$3 == t { printf "        %s:\n          ansible_host: %s\n", $1, $2 }' "$machines"
+      else
+        echo "      hosts: {}"
+      fi
+    done
+  } >"$STATE/hosts.yml"
+}
+
+cmd_up() {
+  validate_conf
+  cmd_deps
+  cmd_image "$LAB_FLAVOUR"
+  ensure_key
+  ensure_network
+  local t_boot; t_boot=$(date +%s%N)
+  # Machines beyond the configured size are removed, so lab.conf stays the truth.
+  local keep; keep=$(wanted_machines | awk '{print $1}')
+  for name in $(podman ps -a --filter "label=$LABEL=$LAB_NAME" --format '{{.Names}}'); do
+    if ! grep -qx "$name" <<<"$keep"; then
+      podman rm -f "$name" >/dev/null; say "$name removed (not in the lab's size any more)"
+    fi
+  done
+  while read -r name ip type; do start_machine "$name" "$ip" "$type"; done < <(wanted_machines)
+  SSH_OPTS=(-i "$STATE/ssh/id_ed25519" -o BatchMode=yes -o ConnectTimeout=2
+    -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR)
+  say "waiting for SSH on every machine"
+  while read -r name ip _; do wait_ssh "$name" "$ip"; done < <(wanted_machines)
+  write_state
+  say "$(wanted_machines | wc -l) machines up and reachable over SSH in $(elapsed "$t_boot") s (inventory: $LAB_STATE/hosts.yml)"
+}
+
+cmd_ping() {
+  [[ -f "$STATE/hosts.yml" ]] || die "no lab inventory: run 'make lab' first"
+  ANSIBLE_HOST_KEY_CHECKING=false ansible -i "$STATE/hosts.yml" all -m ansible.builtin.ping -o
+}
+
+cmd_status() {
+  podman ps -a --filter "label=$LABEL=$LAB_NAME" \
+    --format '{{.Names}}\t{{.Status}}\t{{index .Labels "converged.hpc.node-type"}}\t{{index .Labels "converged.hpc.flavour"}}'
+}
+
+cmd_down() {
+  local names
+  names=$(podman ps -a --filter "label=$LABEL=$LAB_NAME" --format '{{.Names}}')
+  if [[ -n "$names" ]]; then
+    # shellcheck disable=SC2086
+    podman rm -f -t 2 $names >/dev/null
+    say "removed containers: $(echo $names)"
+  fi
+  for net in $(podman network ls --filter "label=$LABEL=$LAB_NAME" --format '{{.Name}}'); do
+    podman network rm "$net" >/dev/null && say "removed network $net"
+  done
+  for vol in $(podman volume ls --filter "label=$LABEL=$LAB_NAME" --format '{{.Name}}'); do
+    podman volume rm "$vol" >/dev/null && say "removed volume $vol"
+  done
+  rm -f "$STATE/hosts.yml" "$STATE/machines.tsv"
+  say "lab $LAB_NAME is down (images and the SSH key are kept; 'lab/lab.sh purge' removes them)"
+}
+
+cmd_purge() {
+  cmd_down
+  for flavour in prebaked stock; do
+    podman image exists "$(image_name "$flavour")" && podman rmi "$(image_name "$flavour")" >/dev/null
+  done
+  rm -rf "$STATE"
+  say "lab images and state removed"
+}
+
+case "${1:-}" in
+  deps) cmd_deps ;;
+  image) shift; cmd_image "$@" ;;
+  up) cmd_up ;;
+  ping) cmd_ping ;;
+  status) cmd_status ;;
+  down) cmd_down ;;
+  purge) cmd_purge ;;
+  *) sed -n '2,11p' "$0"; exit 2 ;;
+esac
