@@ -1,0 +1,376 @@
+"""In-memory object store with the semantics of kube-apiserver + etcd that the
+collection relies on: resourceVersions, uids, generations, paginated lists
+served from snapshots, finalizers and deletionTimestamp, and a watch event log.
+
+Objects are never mutated in place: every write stores a new dict, so a list
+snapshot is a cheap list of references that later writes cannot change.
+"""
+
+import base64
+import bisect
+import copy
+import json
+import threading
+import uuid
+from collections import OrderedDict, deque
+from datetime import datetime, timezone
+
+from .resources import RESOURCES
+from .selectors import valid_label_key, valid_label_value
+
+
+def now():
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ApiError(Exception):
+    """An error the server answers with a Status object."""
+
+    def __init__(self, code, reason, message, details=None, metadata=None):
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+        self.details, self.metadata = details, metadata
+
+    def status(self):
+        body = {"kind": "Status", "apiVersion": "v1", "metadata": self.metadata or {},
+                "status": "Failure", "message": self.message, "reason": self.reason}
+        if self.details is not None:
+            body["details"] = self.details
+        body["code"] = self.code
+        return body
+
+
+def _details(res, name=None, kind=None):
+    d = {}
+    if name is not None:
+        d["name"] = name
+    d["group"] = res.group
+    d["kind"] = kind or res.plural
+    return d
+
+
+def not_found(res, name):
+    return ApiError(404, "NotFound", f'{res.group_resource} "{name}" not found', _details(res, name))
+
+
+def conflict(res, name):
+    return ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.group_resource} "{name}": the '
+                    "object has been modified; please apply your changes to the latest version and try again",
+                    _details(res, name))
+
+
+def invalid(res, name, kind, causes):
+    text = ", ".join(f'{c["field"]}: {c["message"]}' for c in causes)
+    if len(causes) > 1:
+        text = "[" + text + "]"
+    details = _details(res, name, kind)
+    details["causes"] = causes
+    return ApiError(422, "Invalid", f'{kind}.{res.group} "{name}" is invalid: {text}', details)
+
+
+def encode_continue(rv, start):
+    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start + "\x00"}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_continue(token):
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    except (ValueError, TypeError):
+        raise ApiError(400, "BadRequest", "invalid continue token: illegal base64 data at input byte 0")
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or data.get("v") != "meta.k8s.io/v1":
+            raise ValueError
+        return int(data["rv"]), str(data["start"]).rstrip("\x00")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise ApiError(400, "BadRequest", "invalid continue token: continue key is not valid")
+
+
+class Store:
+    SNAPSHOTS = 32  # paginated list snapshots kept (the watch-cache window)
+    EVENTS = 50000  # watch events kept
+
+    def __init__(self, resources=RESOURCES):
+        self.resources = {(r.group, r.plural): r for r in resources}
+        self.kinds = {(r.group, r.kind): r for r in resources}
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.rv = 100
+        self.objects = {key: {} for key in self.resources}
+        self.snapshots = OrderedDict()
+        self.events = deque(maxlen=self.EVENTS)
+        self.window_start = self.rv  # watches from an older rv get 410
+        self.skipped = []  # kinds met while loading that the simulator does not serve
+        self.hooks = []  # callables(event_type, res, old, new), run under the lock
+
+    # ------------------------------------------------------------ helpers
+    def _next_rv(self):
+        self.rv += 1
+        return self.rv
+
+    def _record(self, res, etype, old, new):
+        self.events.append((self.rv, res.group, res.plural, etype, old, new))
+        if len(self.events) == self.events.maxlen:
+            self.window_start = self.events[0][0]
+        self.changed.notify_all()
+        for hook in list(self.hooks):
+            hook(etype, res, old, new)
+
+    def _validate_meta(self, res, obj):
+        meta = obj.get("metadata") or {}
+        name = meta.get("name", "")
+        causes = []
+        for key, value in (meta.get("labels") or {}).items():
+            if not valid_label_key(key):
+                causes.append({"reason": "FieldValueInvalid", "field": "metadata.labels",
+                               "message": f'Invalid value: "{key}": name part must consist of alphanumeric '
+                                          "characters, '-', '_' or '.'"})
+            if not valid_label_value(value):
+                causes.append({"reason": "FieldValueInvalid", "field": "metadata.labels",
+                               "message": f'Invalid value: "{value}": a valid label must be an empty string or '
+                                          "consist of alphanumeric characters, '-', '_' or '.', and must start "
+                                          "and end with an alphanumeric character"})
+        for key, value in (meta.get("annotations") or {}).items():
+            if not isinstance(value, str):
+                causes.append({"reason": "FieldValueInvalid", "field": f"metadata.annotations.{key}",
+                               "message": "Invalid value: must be a string"})
+        if causes:
+            raise invalid(res, name, res.kind, causes)
+
+    def resource(self, group, plural):
+        return self.resources.get((group, plural))
+
+    # ------------------------------------------------------------ reads
+    def get(self, res, namespace, name):
+        with self.lock:
+            obj = self.objects[(res.group, res.plural)].get((namespace or "", name))
+        if obj is None:
+            raise not_found(res, name)
+        return obj
+
+    def list(self, res, namespace=None, limit=0, token=None, rv_param=None, predicate=None):
+        """Return (items, metadata). Pages come from a snapshot taken at the first page."""
+        key = (res.group, res.plural)
+        with self.lock:
+            if token:
+                rv, start = decode_continue(token)
+                snap = self.snapshots.get((key, rv))
+                if snap is None:
+                    fresh = encode_continue(-1, start)
+                    raise ApiError(410, "Expired", "The provided continue parameter is too old to display a "
+                                   "consistent list result. You can start a new list without the continue "
+                                   "parameter, or use the continue token in this response to retrieve the "
+                                   "remainder of the results. Continuing with the provided token results in an "
+                                   "inconsistent list - objects that were created, modified, or deleted between "
+                                   "the time the first chunk was returned and now may show up in the list.",
+                                   metadata={"continue": fresh})
+                self.snapshots.move_to_end((key, rv))
+            else:
+                if rv_param not in (None, "", "0"):
+                    try:
+                        wanted = int(rv_param)
+                    except ValueError:
+                        raise ApiError(400, "BadRequest", f"invalid resource version: {rv_param}")
+                    if wanted < self.window_start:
+                        raise ApiError(410, "Expired", "The resourceVersion for the provided list is too old.")
+                rv, start = self.rv, None
+                snap = sorted(self.objects[key].items())
+                if limit and rv_param != "0":
+                    self.snapshots[(key, rv)] = snap
+                    while len(self.snapshots) > self.SNAPSHOTS:
+                        self.snapshots.popitem(last=False)
+        out, last, remaining = [], None, 0
+        begin = 0
+        if start is not None:
+            start_key = tuple(start.split("/", 1)) if "/" in start else ("", start)
+            begin = bisect.bisect_right(snap, start_key, key=lambda kv: kv[0])
+        for i in range(begin, len(snap)):
+            (ns, name), obj = snap[i]
+            if namespace is not None and ns != namespace:
+                continue
+            if predicate is not None and not predicate(obj):
+                continue
+            if limit and rv_param != "0" and len(out) == limit:
+                remaining = sum(1 for (n2, _), o2 in snap[i:]
+                                if (namespace is None or n2 == namespace)
+                                and (predicate is None or predicate(o2)))
+                break
+            out.append(obj)
+            last = f"{ns}/{name}" if ns else name
+        meta = {"resourceVersion": str(rv)}
+        if remaining:
+            meta["continue"] = encode_continue(rv, last)
+            meta["remainingItemCount"] = remaining
+        return out, meta
+
+    # ------------------------------------------------------------ writes
+    def create(self, res, namespace, body, served_version=None):
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the object provided is unrecognized (must be of type object)")
+        meta = dict(body.get("metadata") or {})
+        kind = body.get("kind", "")
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        name = meta.get("name", "")
+        if kind != res.kind:
+            raise invalid(res, name, kind or "Unknown", [{
+                "reason": "FieldValueInvalid", "field": "kind",
+                "message": f'Invalid value: "{kind}": must be {res.kind}'}])
+        if not name:
+            raise invalid(res, name, res.kind, [{"reason": "FieldValueRequired", "field": "metadata.name",
+                                                "message": "Required value: name or generateName is required"}])
+        if res.namespaced:
+            if meta.get("namespace") and meta["namespace"] != namespace:
+                raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
+                               "namespace sent on the request")
+            meta["namespace"] = namespace
+        obj = dict(body)
+        obj["metadata"] = meta
+        self._validate_meta(res, obj)
+        with self.lock:
+            items = self.objects[(res.group, res.plural)]
+            key = (namespace or "", name)
+            if key in items:
+                raise ApiError(409, "AlreadyExists", f'{res.group_resource} "{name}" already exists',
+                               _details(res, name))
+            meta.pop("deletionTimestamp", None)
+            meta.update(uid=str(uuid.uuid4()), resourceVersion=str(self._next_rv()),
+                        creationTimestamp=meta.get("creationTimestamp") or now(), generation=1)
+            obj["apiVersion"] = res.api_version(res.preferred)
+            items[key] = obj
+            self._record(res, "ADDED", None, obj)
+        return obj
+
+    def _store_update(self, res, key, old, new):
+        """Write new over old; a deleting object whose last finalizer went is removed."""
+        items = self.objects[(res.group, res.plural)]
+        meta = new["metadata"]
+        if old.get("spec") != new.get("spec") or meta.get("deletionTimestamp") != \
+                old["metadata"].get("deletionTimestamp"):
+            meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
+        if new == old:
+            return old  # a no-op write keeps the resourceVersion, as the real server does
+        meta["resourceVersion"] = str(self._next_rv())
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            del items[key]
+            self._record(res, "DELETED", old, new)
+            return new
+        items[key] = new
+        self._record(res, "MODIFIED", old, new)
+        return new
+
+    def update(self, res, namespace, name, body, subresource=None, precondition_rv=None, require_rv=True):
+        """Replace (PUT) or apply an already-patched body; status only via the status subresource."""
+        with self.lock:
+            key = (namespace or "", name)
+            old = self.objects[(res.group, res.plural)].get(key)
+            if old is None:
+                raise not_found(res, name)
+            sent_rv = (body.get("metadata") or {}).get("resourceVersion") if precondition_rv is None \
+                else precondition_rv
+            if require_rv and not sent_rv:
+                raise invalid(res, name, res.kind, [{"reason": "FieldValueInvalid",
+                                                    "field": "metadata.resourceVersion",
+                                                    "message": "Invalid value: 0x0: must be specified for an update"}])
+            if sent_rv and sent_rv != old["metadata"]["resourceVersion"]:
+                raise conflict(res, name)
+            if (body.get("metadata") or {}).get("name", name) != name:
+                raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
+            new = copy.deepcopy(old)
+            if subresource == "status":
+                new["status"] = copy.deepcopy(body.get("status"))
+                if new["status"] is None:
+                    new.pop("status")
+            else:
+                kept = {k: old["metadata"][k] for k in ("uid", "creationTimestamp", "generation",
+                                                         "deletionTimestamp", "deletionGracePeriodSeconds",
+                                                         "namespace", "name") if k in old["metadata"]}
+                new = {k: copy.deepcopy(v) for k, v in body.items() if k != "status" or
+                       "status" not in res.subresources}
+                if "status" in res.subresources and "status" in old:
+                    new["status"] = copy.deepcopy(old["status"])
+                new["metadata"] = {**copy.deepcopy(body.get("metadata") or {}), **kept}
+                if old["metadata"].get("deletionTimestamp"):
+                    # finalizers may only be removed once deleting, not added
+                    pass
+                new["apiVersion"], new["kind"] = old["apiVersion"], old["kind"]
+                self._validate_meta(res, new)
+            new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+            return self._store_update(res, key, old, new)
+
+    def delete(self, res, namespace, name):
+        with self.lock:
+            key = (namespace or "", name)
+            items = self.objects[(res.group, res.plural)]
+            old = items.get(key)
+            if old is None:
+                raise not_found(res, name)
+            if old["metadata"].get("finalizers"):
+                if old["metadata"].get("deletionTimestamp"):
+                    return old, False
+                new = copy.deepcopy(old)
+                new["metadata"]["deletionTimestamp"] = now()
+                new["metadata"]["deletionGracePeriodSeconds"] = 0
+                return self._store_update(res, key, old, new), False
+            del items[key]
+            self._next_rv()
+            gone = copy.deepcopy(old)
+            gone["metadata"]["resourceVersion"] = str(self.rv)
+            self._record(res, "DELETED", old, gone)
+            details = _details(res, name)
+            details["uid"] = old["metadata"]["uid"]
+            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                    "details": details}, True
+
+    def compact(self):
+        """Forget list snapshots and watch history, as an apiserver restart after an etcd
+        compaction does: old continue tokens then get 410, old watches too."""
+        with self.lock:
+            self.snapshots.clear()
+            self.events.clear()
+            self.window_start = self.rv + 1
+
+    # ------------------------------------------------------------ watch
+    def events_since(self, rv):
+        with self.lock:
+            if rv < self.window_start - 1 and rv < self.rv:
+                raise ApiError(410, "Expired", f"too old resource version: {rv} ({self.window_start})")
+            return [e for e in self.events if e[0] > rv]
+
+    # ------------------------------------------------------------ loading
+    def load(self, documents, strict=False):
+        """Create objects from parsed YAML/JSON documents (List kinds are unrolled)."""
+        count = 0
+        for doc in documents:
+            if not doc:
+                continue
+            if doc.get("kind", "").endswith("List") and "items" in doc:
+                count += self.load(doc["items"], strict)
+                continue
+            group = doc.get("apiVersion", "v1").rpartition("/")[0]
+            res = self.kinds.get((group, doc.get("kind")))
+            if res is None:
+                if strict:
+                    raise ValueError(f"no resource serves {doc.get('apiVersion')} {doc.get('kind')}")
+                self.skipped.append(f"{doc.get('apiVersion')} {doc.get('kind')}")
+                continue
+            status = doc.get("status")
+            meta = doc.get("metadata", {})
+            ns = meta.get("namespace", "default") if res.namespaced else None
+            if ns and ("", ns) not in self.objects[("", "namespaces")]:
+                self.create(self.resources[("", "namespaces")], None,
+                            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            body = {k: v for k, v in doc.items() if k != "status"}
+            obj = self.create(res, ns, body)
+            if status is not None:
+                new = dict(obj)
+                new["status"] = status
+                with self.lock:
+                    self.objects[(res.group, res.plural)][(ns or "", meta["name"])] = new
+            if meta.get("deletionTimestamp"):
+                self.delete(res, ns, meta["name"])
+            count += 1
+        with self.lock:
+            self.window_start = self.rv
+        return count

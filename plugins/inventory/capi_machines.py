@@ -1,0 +1,301 @@
+# -*- coding: utf-8 -*-
+# Copyright: converged.hpc contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+name: capi_machines
+short_description: Cluster API Machines (and their Metal3 hosts) as inventory
+version_added: 0.1.0
+author: converged.hpc contributors
+description:
+  - Reads C(Machine) objects (cluster.x-k8s.io, the preferred version the server offers, v1beta2 or v1beta1)
+    from a Cluster API management cluster, joins them in memory with their C(Metal3Machine) and
+    C(BareMetalHost) when Metal3 is installed, and groups them by their node-type label.
+  - One paginated list per kind, never a request per Machine.
+  - "Groups: C(<group_prefix><node-type>) for each node-type label value (controller, compute, login...),
+    C(capi_cluster_<cluster>), C(capi_md_<MachineDeployment>), C(capi_mp_<MachinePool>), and
+    C(capi_deleting) (O(deleting_group)) for Machines being deleted, which are in no node-type group."
+  - Hostvars are C(ansible_host) and one dict (O(hostvar_name), default C(capi)) with the Machine's name,
+    namespace, cluster, phase, provider_id, node_type, labels, annotations, deletion_timestamp,
+    machine_deployment, machine_set, machine_pool, node_ref, the Metal3 host (bmh), cpus, ram_mib, nics.
+  - Machines without the node-type label or without a usable address are skipped with a warning that
+    names them; a label value that is not a valid group name is sanitised with a warning.
+extends_documentation_fragment:
+  - constructed
+  - inventory_cache
+  - converged.hpc.k8s_auth
+requirements:
+  - kubernetes (Python library)
+  - netaddr (Python library, for O(nic_cidrs))
+options:
+  plugin:
+    description: Marks the file as this plugin's configuration.
+    required: true
+    choices: [converged.hpc.capi_machines]
+    type: str
+  namespaces:
+    description: Namespaces to read. Empty means all namespaces.
+    type: list
+    elements: str
+    default: []
+  clusters:
+    description: Only Machines of these Cluster API clusters (label C(cluster.x-k8s.io/cluster-name)).
+    type: list
+    elements: str
+    default: []
+  label_selector:
+    description: Extra Kubernetes label selector for Machines, for example C(node-type in (controller,compute)).
+    type: str
+  node_type_label:
+    description: Machine label whose value names the host's group.
+    type: str
+    default: node-type
+  group_prefix:
+    description: Prefix for the node-type groups (C(slurm_) turns C(compute) into C(slurm_compute)).
+    type: str
+    default: ""
+  phases:
+    description:
+      - Machine phases to include. A host that never becomes a Kubernetes Node (a Slurm-only host) stays
+        C(Provisioned), so the default includes it.
+    type: list
+    elements: str
+    default: [Running, Provisioned]
+  include_deleting:
+    description: Put Machines being deleted (deletionTimestamp set) in O(deleting_group) whatever their phase.
+    type: bool
+    default: true
+  deleting_group:
+    description: Group of Machines being deleted, for scale-down playbooks.
+    type: str
+    default: capi_deleting
+  address_types:
+    description: Machine address types to use for C(ansible_host), in order of preference.
+    type: list
+    elements: str
+    default: [InternalIP, ExternalIP, Hostname]
+  nic_names:
+    description: For Metal3 hosts with several NICs, NIC names to take the address from, in order.
+    type: list
+    elements: str
+    default: []
+  nic_cidrs:
+    description: For Metal3 hosts with several NICs, networks (CIDR) to take the address from, in order.
+    type: list
+    elements: str
+    default: []
+  host_naming:
+    description: Name hosts after the Machine, or after its Kubernetes Node (nodeRef) when it has one.
+    type: str
+    choices: [machine, node]
+    default: machine
+  metal3:
+    description:
+      - Whether to read Metal3Machines and BareMetalHosts for hardware data.
+      - C(auto) reads them when the API serves them and warns if it may not; C(always) fails instead;
+        C(never) skips them.
+    type: str
+    choices: [auto, always, never]
+    default: auto
+  hostvar_name:
+    description: Name of the per-host dict of Machine data.
+    type: str
+    default: capi
+  page_size:
+    description: Items per list request (C(limit)); pages follow C(continue) tokens.
+    type: int
+    default: 500
+  request_timeout:
+    description: Seconds to wait for one API response.
+    type: int
+    default: 60
+"""
+
+EXAMPLES = r"""
+# inventories/capi.capi_machines.yml: every Slurm machine of a Metal3 management cluster.
+# The kubeconfig comes from $KUBECONFIG (or K8S_AUTH_KUBECONFIG in AWX).
+plugin: converged.hpc.capi_machines
+namespaces: [metal3]
+clusters: [hpc]
+# hosts with a 25G management NIC and a 200G fabric NIC: manage over the management network
+nic_cidrs: [192.168.111.0/24]
+
+# Only two node types, group names prefixed, cached for five minutes:
+plugin: converged.hpc.capi_machines
+label_selector: node-type in (controller,compute)
+group_prefix: slurm_
+cache: true
+cache_plugin: ansible.builtin.jsonfile
+cache_connection: /tmp/capi-inventory-cache
+cache_timeout: 300
+
+# Explicit API server and token (the token from the environment, never in the file):
+plugin: converged.hpc.capi_machines
+host: https://capi-mgmt.example.org:6443
+ca_cert: /etc/pki/capi-mgmt-ca.pem
+# api_key: taken from K8S_AUTH_API_KEY
+keyed_groups:
+  - key: capi.labels['slurm.example.org/partition'] | default('none')
+    prefix: partition
+compose:
+  slurm_cpus: capi.cpus
+"""
+
+from ansible.errors import AnsibleError, AnsibleParserError
+from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
+
+from ansible_collections.converged.hpc.plugins.module_utils.capi_client import (
+    CAPI_GROUP,
+    INFRA_GROUP,
+    METAL3_GROUP,
+    CapiApiError,
+    CapiReader,
+    build_configuration,
+)
+from ansible_collections.converged.hpc.plugins.module_utils.capi_mapping import (
+    BMH_STATUS,
+    M3M_STATUS,
+    MACHINE_SPEC,
+    MACHINE_STATUS,
+    MappingOptions,
+    build,
+    trim,
+)
+
+_HW_KEYS = ("cpu", "ramMebibytes", "nics", "hostname")
+
+
+class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
+    NAME = "converged.hpc.capi_machines"
+
+    def verify_file(self, path):
+        return super(InventoryModule, self).verify_file(path) and path.endswith(
+            ("capi_machines.yml", "capi_machines.yaml", "capi.yml", "capi.yaml"))
+
+    def parse(self, inventory, loader, path, cache=True):
+        super(InventoryModule, self).parse(inventory, loader, path, cache)
+        self._read_config_data(path)
+        opts = self._mapping_options()
+        cache_key = self.get_cache_key(path)
+        use_cache = self.get_option("cache") and cache
+        update_cache = self.get_option("cache") and not cache
+        objects = None
+        if use_cache:
+            try:
+                objects = self._cache[cache_key]
+            except KeyError:
+                update_cache = True
+        if objects is None:
+            try:
+                objects = self._fetch_objects()
+            except CapiApiError as exc:
+                raise AnsibleError("converged.hpc.capi_machines (%s): %s" % (path, exc))
+        if update_cache:
+            self._cache[cache_key] = objects
+        self._populate_inventory(objects, opts)
+
+    def _mapping_options(self):
+        page = self.get_option("page_size")
+        if not isinstance(page, int) or page < 1:
+            raise AnsibleParserError("converged.hpc.capi_machines: page_size must be a positive integer, got %r"
+                                     % (page,))
+        return MappingOptions(
+            node_type_label=self.get_option("node_type_label"),
+            group_prefix=self.get_option("group_prefix") or "",
+            phases=tuple(self.get_option("phases") or ()),
+            include_deleting=self.get_option("include_deleting"),
+            deleting_group=self.get_option("deleting_group"),
+            address_types=tuple(self.get_option("address_types") or ()),
+            nic_names=tuple(self.get_option("nic_names") or ()),
+            nic_cidrs=tuple(self.get_option("nic_cidrs") or ()),
+            host_naming=self.get_option("host_naming"),
+            clusters=tuple(self.get_option("clusters") or ()),
+            hostvar_name=self.get_option("hostvar_name"),
+        )
+
+    def _fetch_objects(self):
+        """API access: one paginated list per kind, trimmed to JSON-safe dicts."""
+        configuration = build_configuration(
+            kubeconfig=self.get_option("kubeconfig"), context=self.get_option("context"),
+            host=self.get_option("host"), api_key=self.get_option("api_key"),
+            validate_certs=self.get_option("validate_certs"), ca_cert=self.get_option("ca_cert"),
+            client_cert=self.get_option("client_cert"), client_key=self.get_option("client_key"),
+            proxy=self.get_option("proxy"))
+        reader = CapiReader(configuration, page_size=self.get_option("page_size"),
+                            timeout=self.get_option("request_timeout"))
+        try:
+            return self._read_all(reader)
+        finally:
+            self.display.vvv("converged.hpc.capi_machines: %d API requests to %s" % (reader.requests, reader.host))
+            reader.close()
+
+    def _read_all(self, reader):
+        version = reader.preferred_version(CAPI_GROUP)
+        if version is None:
+            raise CapiApiError("Cluster API is not installed at %s: the API group %s is not served"
+                               % (reader.host, CAPI_GROUP))
+        namespaces = self.get_option("namespaces") or [None]
+        selector = self.get_option("label_selector") or ""
+        clusters = self.get_option("clusters") or []
+        if clusters:
+            selector = ",".join(filter(None, [selector, "cluster.x-k8s.io/cluster-name in (%s)"
+                                              % ",".join(clusters)]))
+        machines = []
+        for ns in namespaces:
+            machines.extend(trim(m, MACHINE_SPEC, MACHINE_STATUS)
+                            for m in reader.list(CAPI_GROUP, version, "machines", ns, selector or None))
+        objects = {"machines": machines, "metal3machines": [], "baremetalhosts": [],
+                   "machine_api_version": "%s/%s" % (CAPI_GROUP, version)}
+        mode = self.get_option("metal3")
+        if mode == "never" or not machines:
+            return objects
+        try:
+            infra_version = reader.preferred_version(INFRA_GROUP)
+            bmh_version = reader.preferred_version(METAL3_GROUP)
+            if infra_version is None or bmh_version is None:
+                if mode == "always":
+                    raise CapiApiError("Metal3 is not installed at %s (metal3=always)" % reader.host)
+                return objects
+            for ns in namespaces:
+                objects["metal3machines"].extend(
+                    trim(o, (), M3M_STATUS) for o in reader.list(INFRA_GROUP, infra_version, "metal3machines", ns))
+                for bmh in reader.list(METAL3_GROUP, bmh_version, "baremetalhosts", ns):
+                    small = trim(bmh, (), BMH_STATUS)
+                    hw = small.get("status", {}).get("hardware") or {}
+                    small["status"] = {"hardware": {k: hw[k] for k in _HW_KEYS if k in hw}}
+                    objects["baremetalhosts"].append(small)
+        except CapiApiError as exc:
+            if mode == "always":
+                raise
+            self.display.warning("converged.hpc.capi_machines: no Metal3 hardware data (cpus, ram_mib, nics) "
+                                 "in this inventory: %s" % exc)
+            objects["metal3machines"], objects["baremetalhosts"] = [], []
+        return objects
+
+    def _populate_inventory(self, objects, opts):
+        """No API calls here: map plain dicts to hosts and groups, then apply constructed options."""
+        try:
+            mapped = build(objects, opts)
+        except ValueError as exc:
+            raise AnsibleParserError("converged.hpc.capi_machines: %s" % exc)
+        for warning in mapped.warnings:
+            self.display.warning("converged.hpc.capi_machines: %s" % warning)
+        for group in sorted(mapped.groups):
+            self.inventory.add_group(group)
+        strict = self.get_option("strict")
+        for host, hostvars in mapped.hosts.items():
+            self.inventory.add_host(host)
+            for key, value in hostvars.items():
+                self.inventory.set_variable(host, key, value)
+            self._set_composite_vars(self.get_option("compose"), hostvars, host, strict=strict)
+            self._add_host_to_composed_groups(self.get_option("groups"), hostvars, host, strict=strict)
+            self._add_host_to_keyed_groups(self.get_option("keyed_groups"), hostvars, host, strict=strict)
+        for group, hosts in mapped.groups.items():
+            for host in hosts:
+                self.inventory.add_child(group, host)
+        self.display.v("converged.hpc.capi_machines: %d hosts from %d Machines (%d skipped)" % (
+            len(mapped.hosts), len(objects.get("machines") or []), len(mapped.skipped)))

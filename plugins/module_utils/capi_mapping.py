@@ -1,0 +1,262 @@
+# -*- coding: utf-8 -*-
+# Copyright: converged.hpc contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Pure mapping from Cluster API / Metal3 objects to inventory hosts and groups.
+
+No API access here: the input is plain dicts as the API returns them (or as
+the inventory cache holds them), so the mapping is unit-tested with recorded
+objects. The groups produced are the contract with the roles:
+
+  <prefix><node-type>       every Machine by its node-type label value
+                            (controller, compute, login, ...), not being deleted
+  capi_cluster_<name>       by cluster (cluster.x-k8s.io/cluster-name)
+  capi_md_<name>            by owning MachineDeployment
+  capi_mp_<name>            by owning MachinePool
+  capi_deleting             Machines with metadata.deletionTimestamp set (only here)
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import re
+from dataclasses import dataclass, field
+
+DEPLOYMENT_LABEL = "cluster.x-k8s.io/deployment-name"
+SET_LABEL = "cluster.x-k8s.io/set-name"
+POOL_LABEL = "cluster.x-k8s.io/pool-name"
+CLUSTER_LABEL = "cluster.x-k8s.io/cluster-name"
+BMH_ANNOTATION = "metal3.io/BareMetalHost"
+INFRA_GROUP = "infrastructure.cluster.x-k8s.io"
+_GROUP_OK = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass
+class MappingOptions:
+    node_type_label: str = "node-type"
+    group_prefix: str = ""
+    phases: tuple = ("Running", "Provisioned")
+    include_deleting: bool = True
+    deleting_group: str = "capi_deleting"
+    address_types: tuple = ("InternalIP", "ExternalIP", "Hostname")
+    nic_names: tuple = ()
+    nic_cidrs: tuple = ()
+    host_naming: str = "machine"
+    clusters: tuple = ()
+    hostvar_name: str = "capi"
+
+
+@dataclass
+class MappedInventory:
+    hosts: dict = field(default_factory=dict)  # host name -> hostvars
+    groups: dict = field(default_factory=dict)  # group -> [host names]
+    warnings: list = field(default_factory=list)
+    skipped: dict = field(default_factory=dict)  # "ns/name" -> reason
+
+    def add(self, group, host):
+        self.groups.setdefault(group, []).append(host)
+
+
+def sanitize_group(name):
+    """An Ansible-safe group name: letters, digits, underscores; no leading digit."""
+    clean = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    if not clean or clean[0].isdigit():
+        clean = "_" + clean
+    return clean
+
+
+def _networks(cidrs):
+    if not cidrs:
+        return []
+    try:
+        import netaddr
+    except ImportError:
+        raise ValueError("nic_cidrs needs the Python 'netaddr' library on the control node")
+    nets = []
+    for cidr in cidrs:
+        try:
+            nets.append(netaddr.IPNetwork(cidr))
+        except (netaddr.AddrFormatError, ValueError, TypeError):
+            raise ValueError("nic_cidrs: %r is not a network in CIDR notation" % (cidr,))
+    return nets
+
+
+def _ip_in(ip, nets):
+    import netaddr
+    try:
+        addr = netaddr.IPAddress(ip)
+    except (netaddr.AddrFormatError, ValueError, TypeError):
+        return False
+    return any(addr in net for net in nets)
+
+
+def _pick_address(addresses, nics, opts, nets):
+    """NIC preference (name, then CIDR) for Metal3 hosts, then Machine address types in order."""
+    for name in opts.nic_names:
+        for nic in nics:
+            if nic.get("name") == name and nic.get("ip"):
+                return nic["ip"]
+    for net in nets:
+        for nic in nics:
+            if nic.get("ip") and _ip_in(nic["ip"], [net]):
+                return nic["ip"]
+    by_type = {}
+    for addr in addresses or []:
+        if addr.get("address"):
+            by_type.setdefault(addr.get("type"), addr["address"])
+    for kind in opts.address_types:
+        if kind in by_type:
+            return by_type[kind]
+    return None
+
+
+def _owner(meta, kind):
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == kind:
+            return ref.get("name")
+    return None
+
+
+def _hardware(machine, m3m_index, bmh_index):
+    """The Metal3Machine and BareMetalHost behind a Machine, and the host's hardware."""
+    meta = machine["metadata"]
+    ref = (machine.get("spec") or {}).get("infrastructureRef") or {}
+    group = ref.get("apiGroup") or (ref.get("apiVersion") or "").rpartition("/")[0] or INFRA_GROUP
+    if ref.get("kind") != "Metal3Machine" or group != INFRA_GROUP:
+        return None, None
+    m3m = m3m_index.get((ref.get("namespace") or meta.get("namespace"), ref.get("name")))
+    if m3m is None:
+        return None, None
+    bmh_ref = ((m3m.get("metadata") or {}).get("annotations") or {}).get(BMH_ANNOTATION, "")
+    ns, _, name = bmh_ref.rpartition("/")
+    bmh = bmh_index.get((ns or meta.get("namespace"), name)) if name else None
+    return m3m, bmh
+
+
+def build(objects, opts):
+    """Map {'machines': [...], 'metal3machines': [...], 'baremetalhosts': [...]} to a MappedInventory."""
+    inv = MappedInventory()
+    nets = _networks(opts.nic_cidrs)
+    m3m_index = {(o["metadata"].get("namespace"), o["metadata"]["name"]): o
+                 for o in objects.get("metal3machines") or []}
+    bmh_index = {(o["metadata"].get("namespace"), o["metadata"]["name"]): o
+                 for o in objects.get("baremetalhosts") or []}
+    clusters = set(opts.clusters)
+    for machine in objects.get("machines") or []:
+        meta = machine.get("metadata") or {}
+        spec = machine.get("spec") or {}
+        status = machine.get("status") or {}
+        ident = "%s/%s" % (meta.get("namespace"), meta.get("name"))
+        labels = meta.get("labels") or {}
+        cluster = spec.get("clusterName") or labels.get(CLUSTER_LABEL)
+        if clusters and cluster not in clusters:
+            continue
+        deleting = bool(meta.get("deletionTimestamp"))
+        phase = status.get("phase") or "Unknown"
+        if deleting and not opts.include_deleting:
+            inv.skipped[ident] = "being deleted"
+            continue
+        if not deleting and phase not in opts.phases:
+            inv.skipped[ident] = "phase %s" % phase
+            continue
+        node_type = labels.get(opts.node_type_label)
+        if not node_type:
+            inv.skipped[ident] = "no %s label" % opts.node_type_label
+            inv.warnings.append("Machine %s skipped: it has no '%s' label" % (ident, opts.node_type_label))
+            continue
+        group = opts.group_prefix + node_type
+        if not _GROUP_OK.match(group):
+            clean = sanitize_group(group)
+            inv.warnings.append("Machine %s: %s=%s is not a valid group name, using group '%s'"
+                                % (ident, opts.node_type_label, node_type, clean))
+            group = clean
+        m3m, bmh = _hardware(machine, m3m_index, bmh_index)
+        hardware = ((bmh or {}).get("status") or {}).get("hardware") or {}
+        nics = [{k: nic.get(k) for k in ("name", "ip", "mac", "speedGbps") if k in nic}
+                for nic in hardware.get("nics") or []]
+        addresses = status.get("addresses") or ((m3m or {}).get("status") or {}).get("addresses") or []
+        address = _pick_address(addresses, nics, opts, nets)
+        if address is None and not deleting:
+            inv.skipped[ident] = "no usable address"
+            inv.warnings.append("Machine %s skipped: no address of type %s%s" % (
+                ident, "/".join(opts.address_types), " or on NICs %s" % "/".join(opts.nic_names)
+                if opts.nic_names else ""))
+            continue
+        node_ref = (status.get("nodeRef") or {}).get("name")
+        name = node_ref if opts.host_naming == "node" and node_ref else meta["name"]
+        if name in inv.hosts:
+            qualified = "%s_%s" % (meta.get("namespace"), name)
+            inv.warnings.append("Machine %s: host name %s is taken by another namespace, using %s"
+                                % (ident, name, qualified))
+            name = qualified
+        md = labels.get(DEPLOYMENT_LABEL)
+        mp = labels.get(POOL_LABEL) or _owner(meta, "MachinePool")
+        bmh_meta = (bmh or {}).get("metadata") or {}
+        cpu = hardware.get("cpu") or {}
+        hostvars = {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "api_version": machine.get("apiVersion"),
+            "cluster": cluster,
+            "phase": phase,
+            "provider_id": spec.get("providerID"),
+            "node_type": node_type,
+            "node_ref": node_ref,
+            "labels": labels,
+            "annotations": meta.get("annotations") or {},
+            "deleting": deleting,
+            "deletion_timestamp": meta.get("deletionTimestamp"),
+            "machine_deployment": md,
+            "machine_set": labels.get(SET_LABEL) or _owner(meta, "MachineSet"),
+            "machine_pool": mp,
+            "address": address,
+            "addresses": addresses,
+            "metal3_machine": (m3m or {}).get("metadata", {}).get("name"),
+            "bmh": bmh_meta.get("name"),
+            "bmh_namespace": bmh_meta.get("namespace"),
+            "cpus": cpu.get("count"),
+            "ram_mib": hardware.get("ramMebibytes"),
+            "nics": nics,
+            "hostname": hardware.get("hostname"),
+        }
+        vars_ = {opts.hostvar_name: hostvars}
+        if address:
+            vars_["ansible_host"] = address
+        else:
+            inv.warnings.append("Machine %s is being deleted and has no address: it is in group %s without "
+                                "ansible_host" % (ident, opts.deleting_group))
+        inv.hosts[name] = vars_
+        if deleting:
+            inv.add(opts.deleting_group, name)
+        else:
+            inv.add(group, name)
+        if cluster:
+            inv.add(sanitize_group("capi_cluster_" + cluster), name)
+        if md:
+            inv.add(sanitize_group("capi_md_" + md), name)
+        if mp:
+            inv.add(sanitize_group("capi_mp_" + mp), name)
+    return inv
+
+
+_KEEP_META = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "ownerReferences",
+              "resourceVersion")
+
+
+def trim(obj, spec_keys=(), status_keys=()):
+    """Only what the mapping reads: keeps the cache small and JSON-safe."""
+    meta = obj.get("metadata") or {}
+    out = {"apiVersion": obj.get("apiVersion"), "metadata": {k: meta[k] for k in _KEEP_META if k in meta}}
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    if spec_keys:
+        out["spec"] = {k: spec[k] for k in spec_keys if k in spec}
+    if status_keys:
+        out["status"] = {k: status[k] for k in status_keys if k in status}
+    return out
+
+
+MACHINE_SPEC = ("clusterName", "providerID", "infrastructureRef")
+MACHINE_STATUS = ("phase", "addresses", "nodeRef")
+M3M_STATUS = ("addresses",)
+BMH_STATUS = ("hardware",)
