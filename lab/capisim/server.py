@@ -27,12 +27,13 @@ _V1BETA1_DROP = {"spec": ("deletion",), "status": ("initialization",)}
 
 
 class Forbidden(ApiError):
-    def __init__(self, user, verb, res, namespace):
+    def __init__(self, user, verb, res, namespace, name=None):
         scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
-        group = res.group
-        super().__init__(403, "Forbidden", f'{res.group_resource} is forbidden: User "{user}" cannot {verb} '
-                         f'resource "{res.plural}" in API group "{group}" {scope}',
-                         {"group": group, "kind": res.plural})
+        what = f'{res.group_resource} "{name}"' if name else res.group_resource
+        details = {"name": name} if name else {}
+        details.update(group=res.group, kind=res.plural)
+        super().__init__(403, "Forbidden", f'{what} is forbidden: User "{user}" cannot {verb} '
+                         f'resource "{res.plural}" in API group "{res.group}" {scope}', details)
 
 
 class Identity:
@@ -88,6 +89,7 @@ class Simulator:
             self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
             self.scheme = "https"
         self.thread = None
+        self.requests = []  # (method, path, query) of every request, for tests and benchmarks
 
     @property
     def url(self):
@@ -95,7 +97,8 @@ class Simulator:
         return f"{self.scheme}://{host}:{port}"
 
     def start(self):
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="capisim", daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                       name="capisim", daemon=True)
         self.thread.start()
         return self
 
@@ -200,6 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        self.sim.requests.append((method, url.path, query))
         try:
             who = self._identity()
             if url.path == "/version":
@@ -261,7 +265,7 @@ class _Handler(BaseHTTPRequestHandler):
         verb = {"GET": "watch" if watching else ("get" if name else "list"), "POST": "create",
                 "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
         if not who.allowed(verb, res):
-            raise Forbidden(who.user, verb, res, namespace)
+            raise Forbidden(who.user, verb, res, namespace, name)
         if res.namespaced and namespace is not None and method != "POST" and plural != "namespaces":
             pass  # a missing namespace answers like a missing object (NotFound on get)
         if method == "POST" and res.namespaced:

@@ -75,9 +75,10 @@ def encode_continue(rv, start):
 
 def decode_continue(token):
     try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
     except (ValueError, TypeError):
-        raise ApiError(400, "BadRequest", "invalid continue token: illegal base64 data at input byte 0")
+        raise ApiError(400, "BadRequest", "invalid continue token: continue key is not valid: illegal base64 "
+                       "data at input byte 0")
     try:
         data = json.loads(raw)
         if not isinstance(data, dict) or data.get("v") != "meta.k8s.io/v1":

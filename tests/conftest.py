@@ -1,0 +1,80 @@
+"""Shared pytest set-up: import paths for the collection and the simulator, and
+a running simulator loaded with objects recorded from a real kube-apiserver."""
+
+import functools
+import json
+import os
+import socket
+import sys
+
+import pytest
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLLECTIONS = os.path.join(REPO, ".lab", "collections")
+LINK = os.path.join(COLLECTIONS, "ansible_collections", "converged", "hpc")
+FIXTURES = os.path.join(REPO, "tests", "fixtures")
+TRANSCRIPTS = os.path.normpath(os.path.join(REPO, "..", "shared", "k8s", "transcripts"))
+
+if not os.path.exists(LINK):
+    os.makedirs(os.path.dirname(LINK), exist_ok=True)
+    os.symlink(REPO, LINK)
+for path in (COLLECTIONS, os.path.join(REPO, "lab")):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+from capisim import Identity, Simulator, Store  # noqa: E402
+from capisim.__main__ import READONLY_RULES  # noqa: E402
+
+ADMIN_TOKEN = "admin-token-for-tests"
+READONLY_TOKEN = "readonly-token-for-tests"
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(name):
+    with open(os.path.join(FIXTURES, name)) as fh:
+        return json.dumps([d for d in yaml.load_all(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+                           if d], default=str)
+
+
+def load_fixture(name):
+    """Fresh copies of the documents of a fixture file (parsed once per session)."""
+    return json.loads(_parsed(name))
+
+
+def objects_by_kind(name="capi-hpc.yaml"):
+    out = {}
+    for doc in load_fixture(name):
+        out.setdefault(doc["kind"], []).append(doc)
+    return out
+
+
+def start_sim(documents=(), resources=None):
+    store = Store(resources) if resources is not None else Store()
+    store.load(list(documents))
+    tokens = {ADMIN_TOKEN: Identity("admin"), READONLY_TOKEN: Identity("machine-reader", READONLY_RULES)}
+    return Simulator(store, tokens).start()
+
+
+@pytest.fixture
+def sim():
+    server = start_sim(load_fixture("capi-hpc.yaml"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ansible_env(**extra):
+    env = dict(os.environ)
+    env.update(ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_DEPRECATION_WARNINGS="0")
+    for key in [k for k in env if k.startswith("K8S_AUTH_")] + ["KUBECONFIG"]:
+        env.pop(key, None)
+    env.update(extra)
+    return env

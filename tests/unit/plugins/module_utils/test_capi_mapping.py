@@ -1,0 +1,183 @@
+"""The pure mapping from recorded Cluster API / Metal3 objects to hosts and groups."""
+
+import copy
+
+import pytest
+
+from conftest import objects_by_kind
+from ansible_collections.converged.hpc.plugins.module_utils.capi_mapping import (
+    MACHINE_SPEC,
+    MACHINE_STATUS,
+    MappingOptions,
+    build,
+    sanitize_group,
+    trim,
+)
+
+
+def recorded(name="capi-hpc.yaml", metal3=True):
+    kinds = objects_by_kind(name)
+    return {"machines": kinds.get("Machine", []),
+            "metal3machines": kinds.get("Metal3Machine", []) if metal3 else [],
+            "baremetalhosts": kinds.get("BareMetalHost", []) if metal3 else []}
+
+
+def v1beta2_with_metal3():
+    return recorded()
+
+
+def test_groups_by_node_type_cluster_and_deployment():
+    inv = build(v1beta2_with_metal3(), MappingOptions())
+    assert sorted(inv.groups["controller"]) == ["hpc-controller-5c6b9-q8m4n", "hpc-controller-5c6b9-x7k2p"]
+    assert sorted(inv.groups["compute"]) == ["edge-workers-6f5d4-m2wq7", "edge-workers-6f5d4-r8t3k",
+                                             "hpc-compute-7d9f8-abcde", "hpc-compute-7d9f8-fghij"]
+    assert "hpc-compute-7d9f8-abcde" in inv.groups["capi_cluster_hpc"]
+    assert sorted(inv.groups["capi_cluster_edge"]) == ["edge-workers-6f5d4-m2wq7", "edge-workers-6f5d4-r8t3k"]
+    assert "hpc-controller-5c6b9-x7k2p" in inv.groups["capi_md_hpc_controller"]
+
+
+def test_deleting_machine_only_in_deleting_group():
+    inv = build(v1beta2_with_metal3(), MappingOptions())
+    host = "hpc-compute-7d9f8-pqrst"
+    assert inv.groups["capi_deleting"] == [host]
+    assert host not in inv.groups["compute"]
+    data = inv.hosts[host]["capi"]
+    assert data["deleting"] is True and data["deletion_timestamp"]
+    assert "pre-terminate.delete.hook.machine.cluster.x-k8s.io/slurm" in data["annotations"]
+
+
+def test_deleting_excluded_when_asked():
+    inv = build(v1beta2_with_metal3(), MappingOptions(include_deleting=False))
+    assert "hpc-compute-7d9f8-pqrst" not in inv.hosts
+    assert "capi_deleting" not in inv.groups
+
+
+def test_provisioning_machine_without_address_is_left_out_quietly():
+    inv = build(v1beta2_with_metal3(), MappingOptions())
+    assert inv.skipped["metal3/hpc-compute-7d9f8-klmno"] == "phase Provisioning"
+    assert not any("klmno" in w for w in inv.warnings)
+
+
+def test_missing_node_type_label_warns_with_machine_name():
+    inv = build(v1beta2_with_metal3(), MappingOptions())
+    assert "hpc-compute-7d9f8-uvwxy" not in inv.hosts
+    assert any("metal3/hpc-compute-7d9f8-uvwxy" in w and "node-type" in w for w in inv.warnings)
+
+
+def test_label_value_that_is_no_group_name_is_sanitised_with_warning():
+    inv = build(v1beta2_with_metal3(), MappingOptions())
+    assert inv.groups["GPU_Compute_v2"] == ["hpc-compute-7d9f8-zb4ct"]
+    assert inv.hosts["hpc-compute-7d9f8-zb4ct"]["capi"]["node_type"] == "GPU_Compute.v2"
+    assert any("hpc-compute-7d9f8-zb4ct" in w and "GPU_Compute_v2" in w for w in inv.warnings)
+
+
+def test_running_machine_with_no_address_is_skipped_with_warning():
+    objects = v1beta2_with_metal3()
+    machine = copy.deepcopy(objects["machines"][0])
+    machine["metadata"]["name"] = "no-address"
+    machine["status"]["addresses"] = []
+    machine["status"]["phase"] = "Running"
+    machine["spec"]["infrastructureRef"] = {"kind": "Metal3Machine", "name": "nowhere"}
+    objects["machines"].append(machine)
+    inv = build(objects, MappingOptions())
+    assert "no-address" not in inv.hosts
+    assert any("no-address" in w and "no address" in w for w in inv.warnings)
+
+
+def test_hostvars_carry_machine_and_metal3_hardware():
+    inv = build(v1beta2_with_metal3(), MappingOptions())
+    host = inv.hosts["hpc-compute-7d9f8-abcde"]
+    assert host["ansible_host"] == "192.168.111.21"
+    capi = host["capi"]
+    assert capi["namespace"] == "metal3" and capi["cluster"] == "hpc" and capi["phase"] == "Provisioned"
+    assert capi["provider_id"] == "metal3://metal3/hpc-cn-01/hpc-compute-7d9f8-abcde"
+    assert capi["machine_deployment"] == "hpc-compute" and capi["machine_set"] == "hpc-compute-7d9f8"
+    assert capi["bmh"] == "hpc-cn-01" and capi["cpus"] == 128 and capi["ram_mib"] > 0
+    assert [n["name"] for n in capi["nics"]] == ["eno1", "ens3f0np0"]
+    controller = inv.hosts["hpc-controller-5c6b9-x7k2p"]["capi"]
+    assert controller["cpus"] == 32 and controller["node_ref"] == "hpc-ctl-01"
+
+
+def test_v1beta1_created_machine_refs_without_apigroup_still_join_metal3():
+    inv = build(v1beta2_with_metal3(), MappingOptions())
+    capi = inv.hosts["edge-workers-6f5d4-m2wq7"]["capi"]
+    assert capi["bmh"] == "edge-01" and capi["cpus"] == 128
+
+
+def test_machines_read_through_v1beta1_map_the_same():
+    objects = recorded("machines-v1beta1.yaml", metal3=False)
+    objects["metal3machines"] = v1beta2_with_metal3()["metal3machines"]
+    objects["baremetalhosts"] = v1beta2_with_metal3()["baremetalhosts"]
+    v1 = build(objects, MappingOptions())
+    v2 = build(v1beta2_with_metal3(), MappingOptions())
+    assert v1.groups == v2.groups
+    assert v1.hosts["hpc-compute-7d9f8-abcde"]["capi"]["api_version"] == "cluster.x-k8s.io/v1beta1"
+    assert v1.hosts["hpc-compute-7d9f8-abcde"]["capi"]["cpus"] == 128
+
+
+def test_without_metal3_hosts_have_no_hardware():
+    inv = build(recorded(metal3=False), MappingOptions())
+    capi = inv.hosts["hpc-compute-7d9f8-abcde"]["capi"]
+    assert capi["cpus"] is None and capi["nics"] == [] and capi["bmh"] is None
+    assert inv.hosts["hpc-compute-7d9f8-abcde"]["ansible_host"] == "192.168.111.21"
+
+
+@pytest.mark.parametrize("opts", [MappingOptions(nic_names=("ens3f0np0",)),
+                                  MappingOptions(nic_cidrs=("10.40.0.0/24",))])
+def test_multi_nic_preference(opts):
+    inv = build(v1beta2_with_metal3(), opts)
+    assert inv.hosts["hpc-compute-7d9f8-abcde"]["ansible_host"] == "10.40.0.21"
+
+
+def test_nic_preference_falls_back_to_machine_address():
+    inv = build(v1beta2_with_metal3(), MappingOptions(nic_cidrs=("172.31.0.0/16",)))
+    assert inv.hosts["hpc-compute-7d9f8-abcde"]["ansible_host"] == "192.168.111.21"
+
+
+def test_bad_cidr_names_the_value():
+    with pytest.raises(ValueError, match="not-a-cidr"):
+        build(v1beta2_with_metal3(), MappingOptions(nic_cidrs=("not-a-cidr",)))
+
+
+def test_address_type_preference():
+    inv = build(v1beta2_with_metal3(), MappingOptions(address_types=("Hostname",)))
+    assert inv.hosts["hpc-compute-7d9f8-abcde"]["ansible_host"] == "hpc-cn-01"
+
+
+def test_host_naming_by_node_ref():
+    inv = build(v1beta2_with_metal3(), MappingOptions(host_naming="node"))
+    assert "hpc-ctl-01" in inv.groups["controller"]
+    assert "hpc-controller-5c6b9-q8m4n" in inv.groups["controller"]  # no nodeRef: keeps its Machine name
+
+
+def test_prefix_and_cluster_filter():
+    inv = build(v1beta2_with_metal3(), MappingOptions(group_prefix="slurm_", clusters=("edge",)))
+    assert sorted(inv.groups) == ["capi_cluster_edge", "capi_md_edge_workers", "slurm_compute"]
+
+
+def test_phase_filter():
+    inv = build(v1beta2_with_metal3(), MappingOptions(phases=("Running",)))
+    assert inv.groups["controller"] == ["hpc-controller-5c6b9-x7k2p"]
+
+
+def test_same_name_in_two_namespaces_is_qualified():
+    objects = v1beta2_with_metal3()
+    twin = copy.deepcopy([m for m in objects["machines"] if m["metadata"]["name"] == "hpc-compute-7d9f8-abcde"][0])
+    twin["metadata"]["namespace"] = "other"
+    objects["machines"].append(twin)
+    inv = build(objects, MappingOptions())
+    assert "other_hpc-compute-7d9f8-abcde" in inv.hosts
+
+
+@pytest.mark.parametrize("raw,clean", [("compute", "compute"), ("GPU_Compute.v2", "GPU_Compute_v2"),
+                                       ("4gpu", "_4gpu"), ("a-b", "a_b")])
+def test_sanitize_group(raw, clean):
+    assert sanitize_group(raw) == clean
+
+
+def test_trim_keeps_what_the_mapping_reads():
+    machine = v1beta2_with_metal3()["machines"][0]
+    small = trim(machine, MACHINE_SPEC, MACHINE_STATUS)
+    assert set(small["spec"]) <= set(MACHINE_SPEC) and "conditions" not in small["status"]
+    assert build({"machines": [small]}, MappingOptions()).hosts.keys() == \
+        build({"machines": [machine]}, MappingOptions()).hosts.keys()
