@@ -15,6 +15,7 @@ help:
 ## make lab        bring up the lab machines and run the main job end to end
 lab: dev-collection
 	lab/lab.sh up
+	lab/lab.sh sim
 	lab/lab.sh ping
 
 ## make lab-down   remove every container, network and volume of the lab

@@ -4,6 +4,7 @@
 #   lab/lab.sh deps              install podman, runc, debootstrap (Debian packages)
 #   lab/lab.sh image [FLAVOUR]   build the stock or prebaked machine image (cached)
 #   lab/lab.sh up                boot the machines of lab.conf (reuses running ones)
+#   lab/lab.sh sim               start the management cluster simulator for the machines
 #   lab/lab.sh ping              ansible ping of every machine over SSH
 #   lab/lab.sh status            list the lab's machines
 #   lab/lab.sh down              remove every container, network and volume of the lab
@@ -23,6 +24,7 @@ LABEL="converged.hpc.lab"
 NETWORK="${LAB_NAME}-net"
 SSH_USER="admin"
 STATE="$REPO_DIR/$LAB_STATE"
+API_PORT="${LAB_API_PORT:-16443}"
 # Packages of the prebaked flavour: what the roles install (slurm_common,
 # munge, slurm_controller, slurm_compute, mpich, sssd, nfs_*, keepalived).
 PREBAKED_PACKAGES="munge slurm-client slurmctld slurmd libpmix2 mpich libmpich-dev gcc libc6-dev
@@ -278,10 +280,84 @@ cmd_up() {
   say "$(wanted_machines | wc -l) machines up and reachable over SSH in $(elapsed "$t_boot") s (inventory: $LAB_STATE/hosts.yml)"
 }
 
-cmd_ping() {
-  [[ -f "$STATE/hosts.yml" ]] || die "no lab inventory: run 'make lab' first"
-  ANSIBLE_HOST_KEY_CHECKING=false ansible -i "$STATE/hosts.yml" all -m ansible.builtin.ping -o
+# The lab's management cluster: capisim serving Cluster API + Metal3 objects for
+# the lab's machines, a kubeconfig for it, and the CAPI inventory source.
+cmd_sim() {
+  [[ -f "$STATE/machines.tsv" ]] || die "no lab machines: run 'make lab' first"
+  local dir="$STATE/capi"
+  mkdir -p "$dir" "$STATE/logs"; chmod 0700 "$dir"
+  [[ -f "$dir/token" ]] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$dir/token")
+  python3 "$LAB_DIR/capi_objects.py" "$STATE/machines.tsv" "$dir/objects.yaml" \
+    --cluster "$LAB_NAME" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB"
+  cmd_sim_stop quiet
+  PYTHONPATH="$LAB_DIR" nohup python3 -m capisim --bind 127.0.0.1 --port "$API_PORT" \
+    --objects "$dir/objects.yaml" --token-file "$dir/token" --pid-file "$dir/sim.pid" \
+    >"$STATE/logs/capisim.log" 2>&1 &
+  local deadline=$(( $(date +%s) + 15 ))
+  until python3 - "$API_PORT" "$dir/token" <<'PY' 2>/dev/null
+import sys, urllib.request
+req = urllib.request.Request("http://127.0.0.1:%s/apis/cluster.x-k8s.io" % sys.argv[1],
+                             headers={"Authorization": "Bearer " + open(sys.argv[2]).read().strip()})
+urllib.request.urlopen(req, timeout=1)
+PY
+  do
+    (( $(date +%s) < deadline )) || die "capisim did not start (log: $LAB_STATE/logs/capisim.log)"
+    sleep 0.2
+  done
+  (umask 077; cat >"$dir/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+current-context: $LAB_NAME-mgmt
+clusters:
+  - name: $LAB_NAME-mgmt
+    cluster:
+      server: http://127.0.0.1:$API_PORT
+users:
+  - name: $LAB_NAME-admin
+    user:
+      token: $(cat "$dir/token")
+contexts:
+  - name: $LAB_NAME-mgmt
+    context:
+      cluster: $LAB_NAME-mgmt
+      user: $LAB_NAME-admin
+EOF
+)
+  cat >"$STATE/capi.capi_machines.yml" <<EOF
+# Written by lab/lab.sh: the lab's machines as Cluster API reports them.
+plugin: converged.hpc.capi_machines
+kubeconfig: $dir/kubeconfig
+namespaces: [metal3]
+clusters: [$LAB_NAME]
+EOF
+  mkdir -p "$STATE/group_vars"
+  cat >"$STATE/group_vars/all.yml" <<EOF
+# Written by lab/lab.sh: how Ansible reaches the lab machines (real SSH).
+ansible_user: $SSH_USER
+ansible_become: true
+ansible_ssh_private_key_file: $STATE/ssh/id_ed25519
+ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR
+EOF
+  say "management cluster simulator on http://127.0.0.1:$API_PORT ($(grep -c '^kind: Machine$' \
+    "$dir/objects.yaml") Machines); inventory: $LAB_STATE/capi.capi_machines.yml"
 }
+
+cmd_sim_stop() {
+  local pidfile="$STATE/capi/sim.pid"
+  if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    kill "$(cat "$pidfile")"; rm -f "$pidfile"
+    [[ "${1:-}" == quiet ]] || say "stopped the management cluster simulator"
+  fi
+}
+
+cmd_ping() {
+  local inv="$STATE/capi.capi_machines.yml"
+  [[ -f "$inv" ]] || inv="$STATE/hosts.yml"
+  [[ -f "$inv" ]] || die "no lab inventory: run 'make lab' first"
+  say "ansible ping over SSH through ${inv#"$REPO_DIR"/}"
+  ansible -i "$inv" all -m ansible.builtin.ping
+}
+
 
 cmd_status() {
   podman ps -a --filter "label=$LABEL=$LAB_NAME" \
@@ -289,6 +365,7 @@ cmd_status() {
 }
 
 cmd_down() {
+  cmd_sim_stop
   local names
   names=$(podman ps -a --filter "label=$LABEL=$LAB_NAME" --format '{{.Names}}')
   if [[ -n "$names" ]]; then
@@ -302,7 +379,8 @@ cmd_down() {
   for vol in $(podman volume ls --filter "label=$LABEL=$LAB_NAME" --format '{{.Name}}'); do
     podman volume rm "$vol" >/dev/null && say "removed volume $vol"
   done
-  rm -f "$STATE/hosts.yml" "$STATE/machines.tsv"
+  rm -rf "$STATE/hosts.yml" "$STATE/machines.tsv" "$STATE/capi.capi_machines.yml" "$STATE/group_vars" \
+    "$STATE/capi"
   say "lab $LAB_NAME is down (images and the SSH key are kept; 'lab/lab.sh purge' removes them)"
 }
 
@@ -319,6 +397,7 @@ case "${1:-}" in
   deps) cmd_deps ;;
   image) shift; cmd_image "$@" ;;
   up) cmd_up ;;
+  sim) cmd_sim ;;
   ping) cmd_ping ;;
   status) cmd_status ;;
   down) cmd_down ;;

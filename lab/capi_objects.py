@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Write the Cluster API + Metal3 objects that describe the lab's machines.
+
+Input: the lab's machines.tsv (name, address, node type). Output: one YAML
+stream for capisim with, per node type, a MachineDeployment and MachineSet
+(template labels carry node-type), and per machine a Machine (phase
+Provisioned: a Slurm host never becomes a Kubernetes Node), its Metal3Machine
+and its BareMetalHost with the hardware the lab declares.
+
+    lab/capi_objects.py MACHINES_TSV OUT_YAML --cluster lab --cpus 2 --ram-mib 2000
+"""
+
+import argparse
+import hashlib
+
+import yaml
+
+NS = "metal3"
+HOOK = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/converged-hpc"
+
+
+def mac(name):
+    digest = hashlib.sha256(name.encode()).hexdigest()
+    return "02:" + ":".join(digest[i:i + 2] for i in range(0, 10, 2))
+
+
+def objects(machines, cluster, cpus, ram_mib):
+    docs = [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+             "metadata": {"name": cluster, "namespace": NS},
+             "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                            "kind": "Metal3Cluster", "name": cluster}},
+             "status": {"phase": "Provisioned"}}]
+    types = sorted({t for _, _, t in machines})
+    for node_type in types:
+        md = "%s-%s" % (cluster, node_type)
+        ms = md + "-5d8c7"
+        selector = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md}
+        members = [m for m in machines if m[2] == node_type]
+        template_labels = dict(selector, **{"node-type": node_type})
+        docs.append({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+            "metadata": {"name": md, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+            "spec": {"clusterName": cluster, "replicas": len(members), "selector": {"matchLabels": selector},
+                     "template": {"metadata": {"labels": template_labels,
+                                               "annotations": {HOOK: "converged-hpc"}
+                                               if node_type == "compute" else {}},
+                                  "spec": {"clusterName": cluster, "version": "v1.33.4",
+                                           "bootstrap": {"dataSecretName": md},
+                                           "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                                                 "kind": "Metal3MachineTemplate",
+                                                                 "name": md}}}},
+            "status": {"replicas": len(members), "readyReplicas": len(members)}})
+        docs.append({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
+            "metadata": {"name": ms, "namespace": NS, "labels": dict(selector),
+                         "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+                                              "name": md, "uid": "", "controller": True}]},
+            "spec": {"clusterName": cluster, "replicas": len(members),
+                     "selector": {"matchLabels": dict(selector, **{"cluster.x-k8s.io/set-name": ms})}},
+            "status": {"replicas": len(members)}})
+        for name, address, _ in members:
+            docs.extend(machine_objects(cluster, md, ms, node_type, name, address, cpus, ram_mib))
+    return docs
+
+
+def machine_objects(cluster, md, ms, node_type, name, address, cpus, ram_mib):
+    machine = name  # lab machines keep their container name as Machine and host name
+    labels = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md,
+              "cluster.x-k8s.io/set-name": ms, "node-type": node_type}
+    provider_id = "metal3://%s/%s/%s" % (NS, name, machine)
+    annotations = {HOOK: "converged-hpc"} if node_type == "compute" else {}
+    return [
+        {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+         "metadata": {"name": machine, "namespace": NS, "labels": labels, "annotations": annotations,
+                      "finalizers": ["machine.cluster.x-k8s.io"],
+                      "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
+                                           "name": ms, "uid": "", "controller": True}]},
+         "spec": {"clusterName": cluster, "version": "v1.33.4", "providerID": provider_id,
+                  "bootstrap": {"dataSecretName": machine},
+                  "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Machine",
+                                        "name": machine}},
+         "status": {"phase": "Provisioned",
+                    "addresses": [{"type": "InternalIP", "address": address},
+                                  {"type": "Hostname", "address": name}]}},
+        {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3Machine",
+         "metadata": {"name": machine, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": cluster},
+                      "annotations": {"metal3.io/BareMetalHost": "%s/%s" % (NS, name)}},
+         "spec": {"providerID": provider_id},
+         "status": {"addresses": [{"type": "InternalIP", "address": address},
+                                  {"type": "Hostname", "address": name}]}},
+        {"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+         "metadata": {"name": name, "namespace": NS, "labels": {"node-type": node_type}},
+         "spec": {"online": True, "bootMACAddress": mac(name)},
+         "status": {"provisioning": {"state": "provisioned"}, "operationalStatus": "OK",
+                    "hardware": {"cpu": {"arch": "x86_64", "count": cpus}, "ramMebibytes": ram_mib,
+                                 "hostname": name,
+                                 "nics": [{"name": "eth0", "ip": address, "mac": mac(name), "speedGbps": 10}]}}},
+    ]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("machines")
+    ap.add_argument("out")
+    ap.add_argument("--cluster", default="lab")
+    ap.add_argument("--cpus", type=int, default=2)
+    ap.add_argument("--ram-mib", type=int, default=2000)
+    args = ap.parse_args()
+    with open(args.machines) as fh:
+        machines = [tuple(line.split()) for line in fh if line.strip()]
+    with open(args.out, "w") as fh:
+        yaml.safe_dump_all(objects(machines, args.cluster, args.cpus, args.ram_mib), fh, sort_keys=False)
+
+
+if __name__ == "__main__":
+    main()

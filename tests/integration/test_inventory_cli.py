@@ -1,0 +1,198 @@
+"""ansible-inventory with converged.hpc.capi_machines against the simulator over HTTP."""
+
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import ADMIN_TOKEN, READONLY_TOKEN, REPO, ansible_env, load_fixture, start_sim
+
+
+def inventory(tmp_path, config, env=None, extra_args=("--list",), name="test.capi_machines.yml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(dict({"plugin": "converged.hpc.capi_machines"}, **config)))
+    proc = subprocess.run(["ansible-inventory", "-i", str(path), *extra_args], capture_output=True, text=True,
+                          env=ansible_env(**(env or {})), cwd=str(tmp_path), timeout=120)
+    return proc
+
+
+def _plain(value):
+    """ansible-core 2.19 marks values from inventory sources untrusted: {"__ansible_unsafe": v}."""
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            return value["__ansible_unsafe"]
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def listing(proc):
+    assert proc.returncode == 0, proc.stderr
+    return _plain(json.loads(proc.stdout))
+
+
+def error_line(proc):
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "converged.hpc.capi_machines" in line]
+    assert lines, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+def test_groups_and_hostvars_over_http(sim, tmp_path):
+    data = listing(inventory(tmp_path, {"host": sim.url, "api_key": ADMIN_TOKEN}))
+    assert sorted(data["controller"]["hosts"]) == ["hpc-controller-5c6b9-q8m4n", "hpc-controller-5c6b9-x7k2p"]
+    assert len(data["compute"]["hosts"]) == 4
+    assert data["capi_deleting"]["hosts"] == ["hpc-compute-7d9f8-pqrst"]
+    hv = data["_meta"]["hostvars"]["hpc-compute-7d9f8-abcde"]
+    assert hv["ansible_host"] == "192.168.111.21" and hv["capi"]["cpus"] == 128
+
+
+def test_paginates_one_list_per_kind_never_a_get_per_machine(sim, tmp_path):
+    listing(inventory(tmp_path, {"host": sim.url, "api_key": ADMIN_TOKEN, "page_size": 3}))
+    lists = [(p, q) for m, p, q in sim.requests if m == "GET" and p.endswith(("/machines", "/metal3machines",
+                                                                            "/baremetalhosts"))]
+    machine_pages = [q for p, q in lists if p.endswith("/machines")]
+    assert len(machine_pages) == 4  # 10 Machines, 3 a page
+    assert all(q["limit"] == "3" for q in machine_pages) and "continue" in machine_pages[1]
+    gets = [p for m, p, q in sim.requests if "/namespaces/" in p]
+    assert gets == []
+
+
+def test_warnings_name_the_machines(sim, tmp_path):
+    proc = inventory(tmp_path, {"host": sim.url, "api_key": ADMIN_TOKEN})
+    assert proc.returncode == 0
+    assert "metal3/hpc-compute-7d9f8-uvwxy skipped" in proc.stderr
+    assert "GPU_Compute_v2" in proc.stderr
+
+
+def test_kubeconfig_and_context(sim, tmp_path):
+    kubeconfig = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "wrong",
+        "clusters": [{"name": "sim", "cluster": {"server": sim.url}},
+                     {"name": "nowhere", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
+        "contexts": [{"name": "mgmt", "context": {"cluster": "sim", "user": "admin"}},
+                     {"name": "wrong", "context": {"cluster": "nowhere", "user": "admin"}}],
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig))
+    data = listing(inventory(tmp_path, {"kubeconfig": str(path), "context": "mgmt"}))
+    assert len(data["controller"]["hosts"]) == 2
+    # the K8S_AUTH_* variables work as for kubernetes.core
+    data = listing(inventory(tmp_path, {}, env={"K8S_AUTH_KUBECONFIG": str(path), "K8S_AUTH_CONTEXT": "mgmt"}))
+    assert len(data["controller"]["hosts"]) == 2
+
+
+def test_env_host_and_token(sim, tmp_path):
+    data = listing(inventory(tmp_path, {"namespaces": ["lab2"]},
+                             env={"K8S_AUTH_HOST": sim.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN}))
+    assert sorted(data["compute"]["hosts"]) == ["edge-workers-6f5d4-m2wq7", "edge-workers-6f5d4-r8t3k"]
+
+
+def test_label_selector_and_clusters_are_sent_to_the_server(sim, tmp_path):
+    data = listing(inventory(tmp_path, {"host": sim.url, "api_key": ADMIN_TOKEN, "clusters": ["hpc"],
+                                        "label_selector": "node-type=controller"}))
+    assert "compute" not in data and len(data["controller"]["hosts"]) == 2
+    selectors = [q.get("labelSelector") for m, p, q in sim.requests if p.endswith("/machines")]
+    assert selectors == ["node-type=controller,cluster.x-k8s.io/cluster-name in (hpc)"]
+
+
+def test_constructed_options(sim, tmp_path):
+    data = listing(inventory(tmp_path, {
+        "host": sim.url, "api_key": ADMIN_TOKEN, "group_prefix": "slurm_",
+        "compose": {"slurm_cpus": "capi.cpus"},
+        "keyed_groups": [{"key": "capi.labels['slurm.example.org/partition'] | default('none')",
+                          "prefix": "partition"}]}))
+    assert "slurm_compute" in data and "partition_batch" in data
+    assert data["_meta"]["hostvars"]["hpc-compute-7d9f8-abcde"]["slurm_cpus"] == 128
+
+
+def test_inventory_cache_serves_when_the_api_is_gone(tmp_path):
+    server = start_sim(load_fixture("capi-hpc.yaml"))
+    config = {"host": server.url, "api_key": ADMIN_TOKEN, "cache": True,
+              "cache_plugin": "ansible.builtin.jsonfile", "cache_connection": str(tmp_path / "cache"),
+              "cache_timeout": 600}
+    first = listing(inventory(tmp_path, config))
+    server.stop()
+    second = listing(inventory(tmp_path, config))
+    assert first == second
+    cached = "".join(p.read_text() for p in (tmp_path / "cache").iterdir())
+    assert ADMIN_TOKEN not in cached and "managedFields" not in cached
+
+
+def test_v1beta1_only_server(tmp_path):
+    from capisim.resources import RESOURCES, Resource
+    import dataclasses
+    old = [dataclasses.replace(r, versions=("v1beta1",)) if r.group == "cluster.x-k8s.io" else r
+           for r in RESOURCES]
+    docs = load_fixture("machines-v1beta1.yaml")
+    server = start_sim(docs, resources=old)
+    try:
+        data = listing(inventory(tmp_path, {"host": server.url, "api_key": ADMIN_TOKEN}))
+        assert len(data["controller"]["hosts"]) == 2
+        hv = data["_meta"]["hostvars"]["hpc-compute-7d9f8-abcde"]["capi"]
+        assert hv["api_version"] == "cluster.x-k8s.io/v1beta1"
+        assert any(p.startswith("/apis/cluster.x-k8s.io/v1beta1/") for m, p, q in server.requests)
+    finally:
+        server.stop()
+
+
+# ----------------------------------------------------------------- bad input
+def test_unreachable_api(tmp_path, free_port):
+    line = error_line(inventory(tmp_path, {"host": "http://127.0.0.1:%d" % free_port, "api_key": "x"}))
+    assert "cannot reach the Kubernetes API at http://127.0.0.1:%d" % free_port in line
+
+
+def test_bad_token_is_401(sim, tmp_path):
+    line = error_line(inventory(tmp_path, {"host": sim.url, "api_key": "wrong"}))
+    assert "401 Unauthorized" in line and sim.url in line
+
+
+def test_anonymous_is_403(sim, tmp_path):
+    line = error_line(inventory(tmp_path, {"host": sim.url}))
+    assert "403 Forbidden" in line or "forbidden" in line.lower()
+
+
+def test_readonly_token_gets_machines_and_a_metal3_warning(sim, tmp_path):
+    proc = inventory(tmp_path, {"host": sim.url, "api_key": READONLY_TOKEN})
+    data = listing(proc)
+    assert len(data["controller"]["hosts"]) == 2
+    assert data["_meta"]["hostvars"]["hpc-compute-7d9f8-abcde"]["capi"]["cpus"] is None
+    assert "no Metal3 hardware data" in proc.stderr and "403" in proc.stderr
+    # metal3: always turns the same into a failure
+    line = error_line(inventory(tmp_path, {"host": sim.url, "api_key": READONLY_TOKEN, "metal3": "always"}))
+    assert "403" in line
+
+
+def test_missing_capi_crds(tmp_path):
+    from capisim.resources import RESOURCES
+    server = start_sim([], resources=[r for r in RESOURCES if r.group in ("", "coordination.k8s.io")])
+    try:
+        line = error_line(inventory(tmp_path, {"host": server.url, "api_key": ADMIN_TOKEN}))
+        assert "Cluster API is not installed at %s" % server.url in line
+    finally:
+        server.stop()
+
+
+def test_bad_kubeconfig(tmp_path):
+    path = tmp_path / "kubeconfig"
+    path.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    line = error_line(inventory(tmp_path, {"kubeconfig": str(path)}))
+    assert "kubeconfig %s" % path in line
+    line = error_line(inventory(tmp_path, {"kubeconfig": str(tmp_path / "missing")}))
+    assert "missing does not exist" in line
+
+
+def test_token_never_in_output(sim, tmp_path):
+    proc = inventory(tmp_path, {"host": sim.url, "api_key": ADMIN_TOKEN}, extra_args=("--list", "-vvv"))
+    assert proc.returncode == 0
+    assert ADMIN_TOKEN not in proc.stdout + proc.stderr
+
+
+def test_unknown_file_name_is_not_claimed(tmp_path):
+    proc = inventory(tmp_path, {"host": "http://127.0.0.1:1"}, name="other.yml")
+    assert "converged.hpc.capi_machines" not in proc.stdout
