@@ -12,13 +12,29 @@ mkdir -p "$dest"
 cd "$dest"
 git init -q && git add -A >/dev/null
 py="$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+# ansible-test bootstraps pip in its venvs with a script from a host these
+# machines cannot reach; this stand-in bootstraps pip with ensurepip instead
+# and then installs the pinned packages ansible-test asks for from PyPI.
+pip_version="$(python3 -c 'import ansible_test._internal.python_requirements as r; print(r.PIP_VERSION)' 2>/dev/null \
+  || echo 24.2)"
+cache="$HOME/.ansible/test/cache/get_pip_${pip_version//./_}.py"
+if [[ ! -f "$cache" ]] || ! grep -q converged.hpc "$cache"; then
+  mkdir -p "$(dirname "$cache")"
+  cat >"$cache" <<'PY'
+# converged.hpc stand-in for get-pip.py: ensurepip, then pip install the requested packages.
+import subprocess
+import sys
+
+subprocess.check_call([sys.executable, "-m", "ensurepip", "--default-pip"])
+args = [a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]
+subprocess.check_call([sys.executable, "-m", "pip", "install"] + args)
+PY
+fi
 # Tests whose tools ship with ansible-core or are installed here; the rest need
 # containers or extra venvs that this test bed does not offer.
-tests=(action-plugin-docs ansible-doc changelog compile empty-init future-import-boilerplate
-  ignores import line-endings metaclass-boilerplate no-assert no-basestring no-dict-iteritems
-  no-dict-iterkeys no-dict-itervalues no-get-exception no-illegal-filenames no-main-display
-  no-smart-quotes no-unicode-literals replace-urlopen runtime-metadata shebang symlinks
-  use-argspec-type-path use-compat-six validate-modules yamllint pep8 pylint)
+tests=(action-plugin-docs ansible-doc changelog compile empty-init ignores import line-endings
+  no-assert no-get-exception no-illegal-filenames no-smart-quotes pep8 pylint replace-urlopen
+  runtime-metadata shebang symlinks use-argspec-type-path use-compat-six validate-modules yamllint)
 args=()
 for t in "${tests[@]}"; do args+=(--test "$t"); done
-ansible-test sanity --python "$py" --color no "${args[@]}" plugins/ "$@"
+ansible-test sanity --local --python "$py" --color no "${args[@]}" plugins/ "$@"

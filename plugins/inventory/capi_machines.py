@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 name: capi_machines
 short_description: Cluster API Machines (and their Metal3 hosts) as inventory
 version_added: 0.1.0
-author: converged.hpc contributors
+author: converged.hpc contributors (@converged-hpc)
 description:
   - Reads C(Machine) objects (cluster.x-k8s.io, the preferred version the server offers, v1beta2 or v1beta1)
     from a Cluster API management cluster, joins them in memory with their C(Metal3Machine) and
@@ -124,6 +124,7 @@ clusters: [hpc]
 # hosts with a 25G management NIC and a 200G fabric NIC: manage over the management network
 nic_cidrs: [192.168.111.0/24]
 
+---
 # Only two node types, group names prefixed, cached for five minutes:
 plugin: converged.hpc.capi_machines
 label_selector: node-type in (controller,compute)
@@ -133,6 +134,7 @@ cache_plugin: ansible.builtin.jsonfile
 cache_connection: /tmp/capi-inventory-cache
 cache_timeout: 300
 
+---
 # Explicit API server and token (the token from the environment, never in the file):
 plugin: converged.hpc.capi_machines
 host: https://capi-mgmt.example.org:6443

@@ -31,11 +31,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the libr
     HAS_KUBERNETES = False
     KUBERNETES_IMPORT_ERROR = exc
 
-try:
-    import urllib3
-except ImportError:  # pragma: no cover - urllib3 comes with kubernetes
-    urllib3 = None
-
 CAPI_GROUP = "cluster.x-k8s.io"
 INFRA_GROUP = "infrastructure.cluster.x-k8s.io"
 METAL3_GROUP = "metal3.io"

@@ -128,7 +128,7 @@ def _hardware(machine, m3m_index, bmh_index):
     if m3m is None:
         return None, None
     bmh_ref = ((m3m.get("metadata") or {}).get("annotations") or {}).get(BMH_ANNOTATION, "")
-    ns, _, name = bmh_ref.rpartition("/")
+    ns, dummy, name = bmh_ref.rpartition("/")
     bmh = bmh_index.get((ns or meta.get("namespace"), name)) if name else None
     return m3m, bmh
 
