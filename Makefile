@@ -17,6 +17,7 @@ lab: dev-collection
 	lab/lab.sh up
 	lab/lab.sh sim
 	lab/lab.sh ping
+	lab/lab.sh converge
 
 ## make lab-down   remove every container, network and volume of the lab
 lab-down:

@@ -11,7 +11,9 @@ and its BareMetalHost with the hardware the lab declares.
 """
 
 import argparse
+import base64
 import hashlib
+import os
 
 import yaml
 
@@ -105,11 +107,19 @@ def main():
     ap.add_argument("--cluster", default="lab")
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--ram-mib", type=int, default=2000)
+    ap.add_argument("--munge-key-file", help="also serve this munge key as Secret metal3/munge-key")
     args = ap.parse_args()
     with open(args.machines) as fh:
         machines = [tuple(line.split()) for line in fh if line.strip()]
+    docs = objects(machines, args.cluster, args.cpus, args.ram_mib)
+    if args.munge_key_file:
+        with open(args.munge_key_file, "rb") as fh:
+            docs.insert(0, {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                            "metadata": {"name": "munge-key", "namespace": NS},
+                            "data": {"munge.key": base64.b64encode(fh.read()).decode()}})
     with open(args.out, "w") as fh:
-        yaml.safe_dump_all(objects(machines, args.cluster, args.cpus, args.ram_mib), fh, sort_keys=False)
+        os.chmod(args.out, 0o600)
+        yaml.safe_dump_all(docs, fh, sort_keys=False)
 
 
 if __name__ == "__main__":

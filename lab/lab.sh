@@ -6,6 +6,7 @@
 #   lab/lab.sh up                boot the machines of lab.conf (reuses running ones)
 #   lab/lab.sh sim               start the management cluster simulator for the machines
 #   lab/lab.sh ping              ansible ping of every machine over SSH
+#   lab/lab.sh converge          the main job: site.yml through the CAPI inventory, validate.yml
 #   lab/lab.sh status            list the lab's machines
 #   lab/lab.sh down              remove every container, network and volume of the lab
 #
@@ -287,8 +288,10 @@ cmd_sim() {
   local dir="$STATE/capi"
   mkdir -p "$dir" "$STATE/logs"; chmod 0700 "$dir"
   [[ -f "$dir/token" ]] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$dir/token")
-  python3 "$LAB_DIR/capi_objects.py" "$STATE/machines.tsv" "$dir/objects.yaml" \
-    --cluster "$LAB_NAME" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB"
+  # The cluster's munge key lives in the management cluster, as a Secret.
+  [[ -f "$dir/munge.key" ]] || (umask 077; head -c 1024 /dev/urandom >"$dir/munge.key")
+  (umask 077; python3 "$LAB_DIR/capi_objects.py" "$STATE/machines.tsv" "$dir/objects.yaml" \
+    --cluster "$LAB_NAME" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB" --munge-key-file "$dir/munge.key")
   cmd_sim_stop quiet
   PYTHONPATH="$LAB_DIR" nohup python3 -m capisim --bind 127.0.0.1 --port "$API_PORT" \
     --objects "$dir/objects.yaml" --token-file "$dir/token" --pid-file "$dir/sim.pid" \
@@ -337,6 +340,11 @@ ansible_user: $SSH_USER
 ansible_become: true
 ansible_ssh_private_key_file: $STATE/ssh/id_ed25519
 ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR
+# The munge key comes from the management cluster (Secret metal3/munge-key).
+munge_key_source: secret
+munge_key_secret_namespace: metal3
+munge_key_secret_kubeconfig: $dir/kubeconfig
+slurm_controller_cluster_name: $LAB_NAME
 EOF
   say "management cluster simulator on http://127.0.0.1:$API_PORT ($(grep -c '^kind: Machine$' \
     "$dir/objects.yaml") Machines); inventory: $LAB_STATE/capi.capi_machines.yml"
@@ -348,6 +356,40 @@ cmd_sim_stop() {
     kill "$(cat "$pidfile")"; rm -f "$pidfile"
     [[ "${1:-}" == quiet ]] || say "stopped the management cluster simulator"
   fi
+}
+
+# The main job: site.yml through the CAPI inventory, then validate.yml.
+cmd_converge() {
+  local inv="$STATE/capi.capi_machines.yml" t0
+  [[ -f "$inv" ]] || die "no CAPI inventory: run 'make lab' first"
+  t0=$(date +%s%N)
+  say "converging the cluster: ansible-playbook -i ${inv#"$REPO_DIR"/} playbooks/site.yml"
+  local rc=0
+  # Progress: one line per play and task as they run; the full log goes to a file.
+  ansible-playbook -i "$inv" "$REPO_DIR/playbooks/site.yml" >"$STATE/logs/site.log" 2>&1 &
+  local pid=$! shown=0
+  while kill -0 "$pid" 2>/dev/null || [[ $shown -lt $(wc -l <"$STATE/logs/site.log") ]]; do
+    local total; total=$(wc -l <"$STATE/logs/site.log")
+    if (( total > shown )); then
+      sed -n "$((shown + 1)),${total}p" "$STATE/logs/site.log" | grep -E '^(PLAY \[|TASK \[|fatal)' \
+        | sed -E 's/ \*+$//; s/^/    /' || true
+      shown=$total
+    fi
+    kill -0 "$pid" 2>/dev/null && sleep 1
+  done
+  wait "$pid" || rc=$?
+  if (( rc != 0 )); then
+    grep -A12 -E '^(fatal|\[ERROR\])' "$STATE/logs/site.log" | head -n 30 >&2
+    die "site.yml failed (log: $LAB_STATE/logs/site.log)"
+  fi
+  grep -A6 '^PLAY RECAP' "$STATE/logs/site.log" | grep ' : ok=' | sed 's/^/    /' 
+  local converge; converge=$(elapsed "$t0")
+  say "site.yml converged $(wc -l <"$STATE/machines.tsv") machines ($LAB_FLAVOUR image) in $converge s"
+  say "validating: playbooks/validate.yml"
+  ansible-playbook -i "$inv" "$REPO_DIR/playbooks/validate.yml" >"$STATE/logs/validate.log" 2>&1 \
+    || { tail -n 30 "$STATE/logs/validate.log"; die "validate.yml failed (log: $LAB_STATE/logs/validate.log)"; }
+  sed -n '/TASK \[Report\]/,/^$/p' "$STATE/logs/validate.log" | grep '^ *"' | sed 's/^ */  /'
+  say "main job done: converge $converge s ($LAB_FLAVOUR), validated"
 }
 
 cmd_ping() {
@@ -398,6 +440,7 @@ case "${1:-}" in
   image) shift; cmd_image "$@" ;;
   up) cmd_up ;;
   sim) cmd_sim ;;
+  converge) cmd_converge ;;
   ping) cmd_ping ;;
   status) cmd_status ;;
   down) cmd_down ;;
