@@ -4,7 +4,7 @@ SHELL := /bin/bash
 export CONTAINERS_CONF := $(CURDIR)/lab/containers.conf
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PYTHON ?= python3
-SCENARIOS ?= default
+SCENARIOS ?= default cluster
 COLLECTION_LINK := .lab/collections/ansible_collections/converged/hpc
 
 .PHONY: help deps dev-collection lab lab-down lab-ping lab-status images unit lint sanity molecule test build
@@ -50,7 +50,12 @@ lint: dev-collection
 
 ## make molecule   the molecule scenarios (SCENARIOS="default cluster ...")
 molecule: dev-collection images
-	for s in $(SCENARIOS); do molecule test -s $$s || exit 1; done
+	@mkdir -p .lab/logs
+	for s in $(SCENARIOS); do \
+	  molecule test -s $$s 2>&1 | tee .lab/logs/molecule-$$s.log; \
+	  test $${PIPESTATUS[0]} -eq 0 || exit 1; \
+	  $(PYTHON) tests/check_secrets.py molecule/$$s/molecule.yml .lab/logs/molecule-$$s.log || exit 1; \
+	done
 
 ## make test       everything CI runs
 test: unit lint molecule

@@ -1,5 +1,7 @@
 """The lab machine image boots like a bare-metal Debian 12 host."""
 
+testinfra_hosts = ["podman://molecule-default-01"]
+
 
 def test_systemd_is_pid1_and_running(host):
     assert host.file("/proc/1/comm").content_string.strip() == "systemd"

@@ -1,0 +1,73 @@
+"""A converged 1 + 2 cluster: daemons, files and modes, dynamic nodes IDLE, a real job on both nodes."""
+
+import re
+
+import pytest
+
+CTL = "mol-cluster-ctl"
+NODES = ["mol-cluster-cn1", "mol-cluster-cn2"]
+# podman exec straight into the machines: much faster than one ansible run per command
+testinfra_hosts = ["podman://" + name for name in [CTL] + NODES]
+
+
+def test_munge_key_and_daemon(host):
+    key = host.file("/etc/munge/munge.key")
+    assert key.user == "munge" and key.group == "munge" and key.mode == 0o400
+    assert key.size == 48
+    assert host.service("munge").is_running and host.service("munge").is_enabled
+
+
+def test_role_daemons(host):
+    name = host.backend.get_hostname()
+    if name == CTL:
+        assert host.service("slurmctld").is_running and host.service("slurmctld").is_enabled
+        conf = host.file("/etc/slurm/slurm.conf")
+        assert conf.mode == 0o644 and conf.user == "root"
+        text = conf.content_string
+        for line in ("SelectType=select/cons_tres", "SlurmctldParameters=enable_configless", "TreeWidth=65533",
+                     "NodeSet=computeset Feature=compute", "ClusterName=molecule"):
+            assert line in text
+        assert "NodeName=" not in text  # dynamic nodes only
+        assert host.file("/etc/slurm/cgroup.conf").exists
+        assert host.socket("tcp://0.0.0.0:6817").is_listening
+    else:
+        assert host.service("slurmd").is_running and host.service("slurmd").is_enabled
+        assert "-Z --conf-server" in host.file("/etc/default/slurmd").content_string
+        assert not host.file("/etc/slurm/slurm.conf").exists  # configless
+        assert host.file("/run/slurm/conf/slurm.conf").exists  # fetched from the controller
+
+
+def test_nodes_idle_with_declared_hardware(host):
+    if host.backend.get_hostname() != CTL:
+        pytest.skip("asked on the controller")
+    for node in NODES:
+        out = host.check_output("scontrol show node --oneliner %s", node)
+        assert re.search(r"State=IDLE\+DYNAMIC_NORM", out), out
+    cn1 = host.check_output("scontrol show node --oneliner mol-cluster-cn1")
+    assert "RealMemory=1500" in cn1 and "CPUTot=2" in cn1
+    assert "AvailableFeatures=compute,bigmem" in cn1
+    cn2 = host.check_output("scontrol show node --oneliner mol-cluster-cn2")
+    assert "AvailableFeatures=compute " in cn2
+
+
+def test_a_real_job_ran_on_both_nodes(host):
+    if host.backend.get_hostname() != CTL:
+        pytest.skip("asked on the controller")
+    job = host.check_output(
+        "sbatch --parsable --wait --nodes=2 --output=/tmp/verify-%j.out --wrap 'srun hostname --short'")
+    state = host.check_output("scontrol show job %s", job.strip())
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state
+    batch_host = re.search(r"BatchHost=(\S+)", state).group(1)
+    # the output file is on the job's batch host (no shared storage in this scenario)
+    out = host.check_output("srun --nodelist=%s cat /tmp/verify-%s.out", batch_host, job.strip())
+    assert sorted(out.split()) == NODES
+
+
+def test_munge_credentials_decode_across_nodes(host):
+    if host.backend.get_hostname() != CTL:
+        pytest.skip("asked on the controller")
+    cred = host.check_output("munge --no-input")
+    # the controller's credential, decoded on each compute node
+    out = host.check_output("srun --nodes=2 --ntasks=2 bash -c 'echo %s | unmunge >/dev/null && hostname -s'"
+                            % cred)
+    assert sorted(out.split()) == NODES
