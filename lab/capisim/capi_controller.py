@@ -1,0 +1,292 @@
+"""A small stand-in for Cluster API's MachineDeployment and Machine controllers.
+
+It does, for the lab and the tests, what CAPI does for the parts this project
+depends on:
+
+* MachineDeployment replicas up: create Machines (labels and annotations from
+  the template, finalizer machine.cluster.x-k8s.io, phase Provisioning) with a
+  Metal3Machine and a BareMetalHost; once the provisioner has booted the host,
+  the Machine becomes Provisioned with its addresses (a Slurm host never gets a
+  Kubernetes Node, so never Running).
+* replicas down: pick Machines - those annotated cluster.x-k8s.io/delete-machine
+  first, then by spec.deletion.order (Random, Newest, Oldest) - and delete them
+  (deletionTimestamp; the finalizer keeps them).
+* a deleting Machine waits while hooks remain, exactly as CAPI's reconcileDelete:
+  pre-drain.delete.hook... only when the Machine has status.nodeRef, then
+  pre-terminate.delete.hook... always. Then the host is released (provisioner),
+  the Metal3 objects are deleted and the finalizer removed: the Machine is gone.
+"""
+
+import copy
+import random
+import threading
+import time
+import uuid
+
+from .store import ApiError, now
+
+CAPI = "cluster.x-k8s.io"
+INFRA = "infrastructure.cluster.x-k8s.io"
+FINALIZER = "machine.cluster.x-k8s.io"
+PRE_DRAIN = "pre-drain.delete.hook.machine.cluster.x-k8s.io"
+PRE_TERMINATE = "pre-terminate.delete.hook.machine.cluster.x-k8s.io"
+DELETE_MACHINE = "cluster.x-k8s.io/delete-machine"
+DEPLOYMENT_LABEL = "cluster.x-k8s.io/deployment-name"
+
+
+class Provisioner:
+    """What boots and releases hosts. The lab's runs lab/lab.sh; tests use fakes."""
+
+    def provision(self, machine_name, node_type):
+        """Boot a host for the Machine; return (hostname, address, cpus, ram_mib)."""
+        raise NotImplementedError
+
+    def release(self, hostname):
+        """Power the host off / remove it."""
+        raise NotImplementedError
+
+
+def hooks(meta, prefix):
+    return sorted(k for k in (meta.get("annotations") or {}) if k.startswith(prefix + "/"))
+
+
+class CapiController:
+    def __init__(self, store, provisioner, interval=0.3, seed=None):
+        self.store = store
+        self.provisioner = provisioner
+        self.interval = interval
+        self.random = random.Random(seed)
+        self.busy = set()  # machine names with a provisioning/release in flight
+        self.events = []  # (time, machine, what) for tests and benchmarks
+        self._stop = threading.Event()
+        self._thread = None
+        self.errors = []
+
+    # ------------------------------------------------------------------ helpers
+    def res(self, group, plural):
+        return self.store.resource(group, plural)
+
+    def _items(self, group, plural):
+        with self.store.lock:
+            return list(self.store.objects[(group, plural)].values())
+
+    def _status(self, res, obj, status):
+        """Merge into the object's status (as a controller's status patch)."""
+        meta = obj["metadata"]
+        with self.store.lock:
+            current = self.store.get(res, meta.get("namespace"), meta["name"])
+            body = copy.deepcopy(current)
+            merged = dict(body.get("status") or {})
+            merged.update(status)
+            body["status"] = merged
+            return self.store.update(res, meta.get("namespace"), meta["name"], body, subresource="status",
+                                     precondition_rv=current["metadata"]["resourceVersion"])
+
+    def note(self, machine, what):
+        self.events.append((time.time(), machine, what))
+
+    # ------------------------------------------------------------------ loop
+    def start(self):
+        self._thread = threading.Thread(target=self._run, name="capi-controller", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        if self._thread:
+            self._thread.join(5)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+            except ApiError as err:  # a conflict with a client's write: try again next round
+                if err.code != 409:
+                    self.errors.append(str(err))
+            except Exception as exc:  # keep the controller alive, as a real one would
+                self.errors.append(repr(exc))
+            with self.store.lock:
+                self.store.changed.wait(self.interval)
+
+    def reconcile(self):
+        for md in self._items(CAPI, "machinedeployments"):
+            self._reconcile_deployment(md)
+        for machine in self._items(CAPI, "machines"):
+            if machine["metadata"].get("deletionTimestamp"):
+                self._reconcile_delete(machine)
+
+    # ------------------------------------------------------------------ scale
+    def _machines_of(self, md):
+        ns, name = md["metadata"].get("namespace"), md["metadata"]["name"]
+        return [m for m in self._items(CAPI, "machines")
+                if m["metadata"].get("namespace") == ns
+                and (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == name]
+
+    def _reconcile_deployment(self, md):
+        spec = md.get("spec") or {}
+        wanted = int(spec.get("replicas", 0))
+        machines = self._machines_of(md)
+        live = [m for m in machines if not m["metadata"].get("deletionTimestamp")]
+        if len(live) < wanted:
+            for _ in range(wanted - len(live)):
+                self._create_machine(md)
+        elif len(live) > wanted:
+            for victim in self._pick_victims(md, live, len(live) - wanted):
+                self.store.delete(self.res(CAPI, "machines"), victim["metadata"]["namespace"],
+                                  victim["metadata"]["name"])
+                self.note(victim["metadata"]["name"], "deletion requested")
+        ready = [m for m in self._machines_of(md) if not m["metadata"].get("deletionTimestamp")
+                 and (m.get("status") or {}).get("phase") in ("Provisioned", "Running")]
+        status = md.get("status") or {}
+        if status.get("replicas") != len(self._machines_of(md)) or status.get("readyReplicas") != len(ready):
+            self._status(self.res(CAPI, "machinedeployments"), md,
+                         {"replicas": len(self._machines_of(md)), "readyReplicas": len(ready)})
+
+    def _pick_victims(self, md, live, count):
+        marked = [m for m in live if DELETE_MACHINE in (m["metadata"].get("annotations") or {})]
+        rest = [m for m in live if m not in marked]
+        order = ((md.get("spec") or {}).get("deletion") or {}).get("order") or "Random"
+        if order == "Newest":
+            rest.sort(key=lambda m: (m["metadata"].get("creationTimestamp", ""), m["metadata"]["name"]),
+                      reverse=True)
+        elif order == "Oldest":
+            rest.sort(key=lambda m: (m["metadata"].get("creationTimestamp", ""), m["metadata"]["name"]))
+        else:
+            self.random.shuffle(rest)
+        return (marked + rest)[:count]
+
+    def _create_machine(self, md):
+        spec = md["spec"]
+        template = spec.get("template") or {}
+        tmeta = template.get("metadata") or {}
+        ns = md["metadata"].get("namespace")
+        cluster = spec.get("clusterName")
+        name = "%s-%s" % (md["metadata"]["name"], uuid.uuid4().hex[:5])
+        labels = dict(tmeta.get("labels") or {})
+        labels.update({DEPLOYMENT_LABEL: md["metadata"]["name"], "cluster.x-k8s.io/cluster-name": cluster})
+        tspec = copy.deepcopy(template.get("spec") or {})
+        tspec["infrastructureRef"] = {"apiGroup": INFRA, "kind": "Metal3Machine", "name": name}
+        tspec.setdefault("bootstrap", {})["dataSecretName"] = name
+        tspec["clusterName"] = cluster
+        machine = {"apiVersion": CAPI + "/v1beta2", "kind": "Machine",
+                   "metadata": {"name": name, "namespace": ns, "labels": labels,
+                                "annotations": dict(tmeta.get("annotations") or {}), "finalizers": [FINALIZER]},
+                   "spec": tspec}
+        created = self.store.create(self.res(CAPI, "machines"), ns, machine)
+        self._status(self.res(CAPI, "machines"), created, {"phase": "Provisioning"})
+        self.store.create(self.res(INFRA, "metal3machines"), ns, {
+            "apiVersion": INFRA + "/v1beta2", "kind": "Metal3Machine",
+            "metadata": {"name": name, "namespace": ns, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+            "spec": {}})
+        self.note(name, "created")
+        node_type = labels.get("node-type", "")
+        self.busy.add(name)
+        threading.Thread(target=self._provision, args=(ns, name, node_type), daemon=True).start()
+
+    def _provision(self, ns, name, node_type):
+        try:
+            hostname, address, cpus, ram = self.provisioner.provision(name, node_type)
+        except Exception as exc:
+            self.errors.append("provisioning %s failed: %s" % (name, exc))
+            self._set_machine_phase(ns, name, "Failed")
+            self.busy.discard(name)
+            return
+        provider_id = "metal3://%s/%s/%s" % (ns, hostname, name)
+        addresses = [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": hostname}]
+        bmh_res = self.res("metal3.io", "baremetalhosts")
+        try:
+            self.store.create(bmh_res, ns, {
+                "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+                "metadata": {"name": hostname, "namespace": ns, "labels": {"node-type": node_type}},
+                "spec": {"online": True, "consumerRef": {"kind": "Metal3Machine", "name": name}}})
+        except ApiError as err:
+            if err.code != 409:
+                raise
+        with self.store.lock:
+            bmh = self.store.get(bmh_res, ns, hostname)
+            self._status(bmh_res, bmh, {"provisioning": {"state": "provisioned"}, "operationalStatus": "OK",
+                                        "hardware": {"cpu": {"count": cpus}, "ramMebibytes": ram,
+                                                     "hostname": hostname,
+                                                     "nics": [{"name": "eth0", "ip": address}]}})
+            m3m_res = self.res(INFRA, "metal3machines")
+            m3m = copy.deepcopy(self.store.get(m3m_res, ns, name))
+            m3m["metadata"].setdefault("annotations", {})["metal3.io/BareMetalHost"] = "%s/%s" % (ns, hostname)
+            m3m["spec"]["providerID"] = provider_id
+            m3m = self.store.update(m3m_res, ns, name, m3m)
+            self._status(m3m_res, m3m, {"addresses": addresses, "ready": True})
+            machine_res = self.res(CAPI, "machines")
+            machine = copy.deepcopy(self.store.get(machine_res, ns, name))
+            machine["spec"]["providerID"] = provider_id
+            machine = self.store.update(machine_res, ns, name, machine)
+            self._status(machine_res, machine, {"phase": "Provisioned", "addresses": addresses})
+        self.note(name, "provisioned")
+        self.busy.discard(name)
+
+    def _set_machine_phase(self, ns, name, phase):
+        res = self.res(CAPI, "machines")
+        with self.store.lock:
+            try:
+                self._status(res, self.store.get(res, ns, name), {"phase": phase})
+            except ApiError:
+                pass
+
+    # ------------------------------------------------------------------ delete
+    def _reconcile_delete(self, machine):
+        meta = machine["metadata"]
+        ns, name = meta.get("namespace"), meta["name"]
+        if FINALIZER not in (meta.get("finalizers") or []) or name in self.busy:
+            return
+        status = machine.get("status") or {}
+        res = self.res(CAPI, "machines")
+        if status.get("nodeRef") and hooks(meta, PRE_DRAIN):
+            if status.get("phase") != "Deleting" or "waitForPreDrainHookStartTime" not in (status.get("deletion") or {}):
+                self._status(res, machine, {"phase": "Deleting",
+                                            "deletion": dict(status.get("deletion") or {},
+                                                             waitForPreDrainHookStartTime=now())})
+                self.note(name, "waiting for pre-drain hook")
+            return
+        if hooks(meta, PRE_TERMINATE):
+            if status.get("phase") != "Deleting" or \
+                    "waitForPreTerminateHookStartTime" not in (status.get("deletion") or {}):
+                self._status(res, machine, {"phase": "Deleting",
+                                            "deletion": dict(status.get("deletion") or {},
+                                                             waitForPreTerminateHookStartTime=now())})
+                self.note(name, "waiting for pre-terminate hook")
+            return
+        self.busy.add(name)
+        self.note(name, "hooks released")
+        threading.Thread(target=self._finish_delete, args=(ns, name), daemon=True).start()
+
+    def _finish_delete(self, ns, name):
+        try:
+            m3m_res = self.res(INFRA, "metal3machines")
+            bmh_ref = None
+            with self.store.lock:
+                try:
+                    m3m = self.store.get(m3m_res, ns, name)
+                    bmh_ref = (m3m["metadata"].get("annotations") or {}).get("metal3.io/BareMetalHost")
+                except ApiError:
+                    m3m = None
+            if bmh_ref:
+                hostname = bmh_ref.split("/", 1)[-1]
+                self.provisioner.release(hostname)
+                try:
+                    self.store.delete(self.res("metal3.io", "baremetalhosts"), ns, hostname)
+                except ApiError:
+                    pass
+            if m3m is not None:
+                try:
+                    self.store.delete(m3m_res, ns, name)
+                except ApiError:
+                    pass
+            res = self.res(CAPI, "machines")
+            with self.store.lock:
+                machine = copy.deepcopy(self.store.get(res, ns, name))
+                machine["metadata"]["finalizers"] = [f for f in machine["metadata"].get("finalizers") or []
+                                                     if f != FINALIZER]
+                self.store.update(res, ns, name, machine)
+            self.note(name, "deleted")
+        except Exception as exc:
+            self.errors.append("deleting %s failed: %s" % (name, exc))
+        finally:
+            self.busy.discard(name)

@@ -1,0 +1,240 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: converged.hpc contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: slurm_node
+short_description: Drain, resume or delete a Slurm node, waiting for its jobs
+version_added: 0.1.0
+author: converged.hpc contributors (@converged-hpc)
+description:
+  - Runs on a host with the Slurm client tools and a working munge (the controller).
+  - C(drained) sets the node to DRAIN (running jobs go on, no new ones start) and, with O(wait), waits
+    until no job runs on it (state DRAINED). On timeout it fails naming the node and the job IDs, and
+    changes nothing more.
+  - C(absent) drains the node, waits until it is idle, then deletes it from Slurm
+    (C(scontrol delete nodename=)). A node Slurm does not know is already absent. Running jobs are
+    never killed unless O(force) is set.
+  - C(resumed) returns a drained node to service.
+options:
+  name:
+    description: Slurm node name.
+    type: str
+    required: true
+  state:
+    description: Wanted state of the node.
+    type: str
+    choices: [drained, resumed, absent]
+    default: drained
+  reason:
+    description: Drain reason (Slurm requires one).
+    type: str
+    default: converged.hpc scale-down
+  wait:
+    description: With C(drained), wait until no job runs on the node. C(absent) always waits.
+    type: bool
+    default: true
+  timeout:
+    description: Seconds to wait for the node's jobs to finish.
+    type: int
+    default: 3600
+  poll:
+    description: Seconds between checks while waiting.
+    type: float
+    default: 2
+  force:
+    description: With C(absent), cancel the jobs still running when O(timeout) expires instead of failing.
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+notes:
+  - Dynamic nodes (slurmd -Z) disappear from Slurm with C(absent); stop slurmd on the node afterwards,
+    or it registers again.
+"""
+
+EXAMPLES = r"""
+- name: Drain a node and wait for its jobs (at most one hour)
+  converged.hpc.slurm_node:
+    name: cn-07
+    state: drained
+    timeout: 3600
+  delegate_to: "{{ groups['controller'][0] }}"
+
+- name: Remove a node from Slurm once its jobs are done
+  converged.hpc.slurm_node:
+    name: cn-07
+    state: absent
+  delegate_to: "{{ groups['controller'][0] }}"
+"""
+
+RETURN = r"""
+node:
+  description: The node as C(scontrol show node --oneliner) reports it (after the change), empty when absent.
+  returned: always
+  type: dict
+  sample: {"NodeName": "cn-07", "State": "IDLE+DRAIN+DYNAMIC_NORM", "Reason": "converged.hpc scale-down"}
+jobs:
+  description: IDs of the jobs running on the node when the module finished (or timed out).
+  returned: always
+  type: list
+  elements: str
+before:
+  description: The node's state before the module acted, C(absent) when Slurm did not know it.
+  returned: always
+  type: str
+waited:
+  description: Seconds spent waiting for jobs.
+  returned: always
+  type: float
+"""
+
+import re
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+_PAIR = re.compile(r"(\w+)=(.*?)(?=\s+\w+=|$)")
+
+
+def parse_node(text):
+    """scontrol show node --oneliner output to a dict (values may contain spaces, e.g. Reason)."""
+    return {k: v.strip() for k, v in _PAIR.findall(text.strip())}
+
+
+class SlurmNode:
+    def __init__(self, module):
+        self.module = module
+        self.name = module.params["name"]
+
+    def run(self, args, check=True):
+        rc, out, err = self.module.run_command(args)
+        if check and rc != 0:
+            self.module.fail_json(msg="%s failed for node %s: %s" % (" ".join(args[:3]), self.name,
+                                                                    (err or out).strip()))
+        return rc, out, err
+
+    def show(self):
+        rc, out, err = self.run(["scontrol", "show", "node", "--oneliner", self.name], check=False)
+        if rc != 0:
+            text = (err or out).lower()
+            if "not found" in text or "invalid node name" in text:
+                return None
+            self.module.fail_json(msg="scontrol show node %s failed: %s" % (self.name, (err or out).strip()))
+        return parse_node(out) if out.strip() else None
+
+    def jobs(self):
+        rc, out, err = self.run(["squeue", "--noheader", "--nodelist", self.name, "--states", "RUNNING,COMPLETING,"
+                                 "CONFIGURING,SUSPENDED,STOPPED", "--format", "%i"], check=False)
+        if rc != 0:
+            return []
+        return [j for j in out.split() if j]
+
+    @staticmethod
+    def flags(node):
+        return set(((node or {}).get("State") or "").split("+"))
+
+    def drain(self, node, reason):
+        if "DRAIN" in self.flags(node):
+            return False
+        if not self.module.check_mode:
+            self.run(["scontrol", "update", "nodename=%s" % self.name, "state=drain", "reason=%s" % reason])
+        return True
+
+    def wait_idle(self, timeout, poll):
+        start = time.time()
+        while True:
+            jobs = self.jobs()
+            if not jobs:
+                return [], time.time() - start
+            if time.time() - start >= timeout:
+                return jobs, time.time() - start
+            time.sleep(poll)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            state=dict(type="str", default="drained", choices=["drained", "resumed", "absent"]),
+            reason=dict(type="str", default="converged.hpc scale-down"),
+            wait=dict(type="bool", default=True),
+            timeout=dict(type="int", default=3600),
+            poll=dict(type="float", default=2),
+            force=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    if p["timeout"] < 0:
+        module.fail_json(msg="timeout=%s must not be negative" % p["timeout"])
+    if not re.match(r"^[A-Za-z0-9_.\-\[\],]+$", p["name"]):
+        module.fail_json(msg="name=%r is not a Slurm node name" % p["name"])
+    if not p["reason"].strip():
+        module.fail_json(msg="reason must not be empty: Slurm requires a drain reason")
+    slurm = SlurmNode(module)
+    node = slurm.show()
+    before = (node or {}).get("State", "absent")
+    result = dict(changed=False, before=before, node=node or {}, jobs=[], waited=0.0)
+
+    if p["state"] == "resumed":
+        if node is None:
+            module.fail_json(msg="node %s is not known to Slurm: nothing to resume" % p["name"], **result)
+        if slurm.flags(node) & {"DRAIN", "DOWN", "FAIL"}:
+            result["changed"] = True
+            if not module.check_mode:
+                slurm.run(["scontrol", "update", "nodename=%s" % p["name"], "state=resume"])
+        result["node"] = slurm.show() or {}
+        module.exit_json(**result)
+
+    if node is None:
+        # absent already; drained cannot apply
+        if p["state"] == "drained":
+            module.fail_json(msg="node %s is not known to Slurm: cannot drain it" % p["name"], **result)
+        result["node"] = {}
+        module.exit_json(**result)
+
+    result["changed"] = slurm.drain(node, p["reason"])
+    if module.check_mode:
+        result["jobs"] = slurm.jobs()
+        if p["state"] == "absent":
+            result["changed"] = True
+        module.exit_json(**result)
+
+    if p["state"] == "drained" and not p["wait"]:
+        result["node"] = slurm.show() or {}
+        result["jobs"] = slurm.jobs()
+        module.exit_json(**result)
+
+    jobs, waited = slurm.wait_idle(p["timeout"], p["poll"])
+    result["waited"] = round(waited, 1)
+    if jobs:
+        if p["state"] == "absent" and p["force"]:
+            slurm.run(["scancel"] + jobs)
+            jobs, more = slurm.wait_idle(60, p["poll"])
+            result["waited"] = round(waited + more, 1)
+            result["cancelled"] = True
+        if jobs:
+            result["jobs"] = jobs
+            result["node"] = slurm.show() or {}
+            module.fail_json(msg="node %s still runs job(s) %s after %d s; it stays drained%s" % (
+                p["name"], ", ".join(jobs), p["timeout"],
+                "" if p["state"] == "drained" else " and in Slurm (force=true cancels them)"), **result)
+
+    if p["state"] == "absent":
+        slurm.run(["scontrol", "delete", "nodename=%s" % p["name"]])
+        result["changed"] = True
+        result["node"] = {}
+    else:
+        result["node"] = slurm.show() or {}
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
