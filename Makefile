@@ -7,7 +7,7 @@ PYTHON ?= python3
 SCENARIOS ?= default cluster
 COLLECTION_LINK := .lab/collections/ansible_collections/converged/hpc
 
-.PHONY: help deps dev-collection lab lab-down lab-ping lab-status images unit lint sanity molecule test build
+.PHONY: help deps dev-collection lab lab-scale lab-down lab-ping lab-status images unit lint sanity molecule e2e test build
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -18,6 +18,11 @@ lab: dev-collection
 	lab/lab.sh sim
 	lab/lab.sh ping
 	lab/lab.sh converge
+
+## make lab-scale N=5   scale the lab's compute MachineDeployment and run scale_up/scale_down.yml
+lab-scale: dev-collection
+	@test -n "$(N)" || { echo "usage: make lab-scale N=<replicas>"; exit 2; }
+	$(PYTHON) lab/scale.py $(N)
 
 ## make lab-down   remove every container, network and volume of the lab
 lab-down:
@@ -57,8 +62,12 @@ molecule: dev-collection images
 	  $(PYTHON) tests/check_secrets.py molecule/$$s/molecule.yml .lab/logs/molecule-$$s.log || exit 1; \
 	done
 
+## make e2e        end-to-end lab tests (elastic lifecycle) in labs of their own
+e2e: dev-collection images
+	$(PYTHON) -m pytest -q tests/e2e
+
 ## make test       everything CI runs
-test: unit lint molecule
+test: unit lint molecule e2e
 
 ## make build      build the collection tarball
 build:

@@ -118,7 +118,10 @@ EOF
   : >"$root/etc/machine-id"
   rm -f "$root/etc/hostname"
   chroot "$root" apt-get clean
+  # No package lists inside, and an old cache date, like a fresh install image:
+  # the roles' "refresh the apt cache when older than ..." must really refresh.
   rm -rf "$root"/var/lib/apt/lists/*
+  touch -d @0 "$root"/var/lib/apt/lists "$root"/var/cache/apt
   say "importing the root filesystem as $img"
   with_heartbeat "podman import" bash -c "tar -C '$root' -c . | podman import \
     --change 'CMD [\"/sbin/init\"]' --change 'STOPSIGNAL SIGRTMIN+3' - '$img'"
@@ -281,6 +284,53 @@ cmd_up() {
   say "$(wanted_machines | wc -l) machines up and reachable over SSH in $(elapsed "$t_boot") s (inventory: $LAB_STATE/hosts.yml)"
 }
 
+# Cluster API's provisioner in the lab (called by the simulator's CAPI controller):
+#   machine-add MACHINE NODE_TYPE   boot a new lab machine; prints "hostname address cpus ram_mib"
+#   machine-remove HOSTNAME         remove it (the host is "deprovisioned")
+cmd_machine_add() {
+  local machine="$1" type="$2" prefix base name ip i
+  case "$type" in
+    controller) prefix=ctl; base=10 ;;
+    compute) prefix=cn; base=20 ;;
+    *) die "machine-add: node type '$type' has no lab machines" ;;
+  esac
+  mkdir -p "$STATE"
+  exec 9>"$STATE/.machines.lock"
+  flock 9
+  # Names and addresses are never reused while the lab lives: a new host on an old
+  # address would meet SSH connections still multiplexed to the removed one.
+  local counter="$STATE/.next-$prefix"
+  i=$(cat "$counter" 2>/dev/null || echo 1)
+  while podman container exists "$(printf '%s-%s-%02d' "$LAB_NAME" "$prefix" "$i")" \
+      || grep -q "^$(printf '%s-%s-%02d' "$LAB_NAME" "$prefix" "$i") " "$STATE/machines.tsv" 2>/dev/null; do
+    i=$((i + 1))
+  done
+  (( base + i < 254 )) || die "machine-add: the lab network has no address left for $type machines"
+  echo $((i + 1)) >"$counter"
+  name=$(printf '%s-%s-%02d' "$LAB_NAME" "$prefix" "$i")
+  ip="$LAB_SUBNET_PREFIX.$((base + i))"
+  start_machine "$name" "$ip" "$type" >&2
+  printf '%s %s %s\n' "$name" "$ip" "$type" >>"$STATE/machines.tsv"
+  flock -u 9
+  SSH_OPTS=(-i "$STATE/ssh/id_ed25519" -o BatchMode=yes -o ConnectTimeout=2
+    -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR)
+  wait_ssh "$name" "$ip"
+  say "$name booted for Machine $machine" >&2
+  echo "$name $ip $LAB_CPUS $LAB_RAM_MIB"
+}
+
+cmd_machine_remove() {
+  local name="$1"
+  exec 9>"$STATE/.machines.lock"
+  flock 9
+  podman rm -f -t 2 "$name" >/dev/null 2>&1 || true
+  if [[ -f "$STATE/machines.tsv" ]]; then
+    awk -v n="$name" '$1 != n' "$STATE/machines.tsv" >"$STATE/machines.tsv.new"
+    mv "$STATE/machines.tsv.new" "$STATE/machines.tsv"
+  fi
+  say "$name removed (its Machine was deleted)" >&2
+}
+
 # The lab's management cluster: capisim serving Cluster API + Metal3 objects for
 # the lab's machines, a kubeconfig for it, and the CAPI inventory source.
 cmd_sim() {
@@ -293,9 +343,12 @@ cmd_sim() {
   (umask 077; python3 "$LAB_DIR/capi_objects.py" "$STATE/machines.tsv" "$dir/objects.yaml" \
     --cluster "$LAB_NAME" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB" --munge-key-file "$dir/munge.key")
   cmd_sim_stop quiet
+  # The simulator's CAPI controller boots and removes lab machines with this script.
+  export LAB_NAME LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_SUBNET_PREFIX LAB_CPUS LAB_RAM_MIB LAB_STATE \
+    LAB_API_PORT="$API_PORT"
   PYTHONPATH="$LAB_DIR" nohup python3 -m capisim --bind 127.0.0.1 --port "$API_PORT" \
     --objects "$dir/objects.yaml" --token-file "$dir/token" --pid-file "$dir/sim.pid" \
-    >"$STATE/logs/capisim.log" 2>&1 &
+    --capi-controller "$LAB_DIR/lab.sh" >"$STATE/logs/capisim.log" 2>&1 &
   local deadline=$(( $(date +%s) + 15 ))
   until python3 - "$API_PORT" "$dir/token" <<'PY' 2>/dev/null
 import sys, urllib.request
@@ -345,6 +398,8 @@ munge_key_source: secret
 munge_key_secret_namespace: metal3
 munge_key_secret_kubeconfig: $dir/kubeconfig
 slurm_controller_cluster_name: $LAB_NAME
+# scale_up.yml / scale_down.yml talk to the management cluster with this.
+converged_capi_kubeconfig: $dir/kubeconfig
 EOF
   say "management cluster simulator on http://127.0.0.1:$API_PORT ($(grep -c '^kind: Machine$' \
     "$dir/objects.yaml") Machines); inventory: $LAB_STATE/capi.capi_machines.yml"
@@ -422,7 +477,7 @@ cmd_down() {
     podman volume rm "$vol" >/dev/null && say "removed volume $vol"
   done
   rm -rf "$STATE/hosts.yml" "$STATE/machines.tsv" "$STATE/capi.capi_machines.yml" "$STATE/group_vars" \
-    "$STATE/capi"
+    "$STATE/capi" "$STATE"/.next-*
   say "lab $LAB_NAME is down (images and the SSH key are kept; 'lab/lab.sh purge' removes them)"
 }
 
@@ -441,6 +496,8 @@ case "${1:-}" in
   up) cmd_up ;;
   sim) cmd_sim ;;
   converge) cmd_converge ;;
+  machine-add) shift; cmd_machine_add "$@" ;;
+  machine-remove) shift; cmd_machine_remove "$@" ;;
   ping) cmd_ping ;;
   status) cmd_status ;;
   down) cmd_down ;;

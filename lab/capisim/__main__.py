@@ -3,13 +3,32 @@
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import threading
 
 import yaml
 
+from .capi_controller import CapiController, Provisioner
 from .server import Identity, Simulator
 from .store import Store
+
+
+class CommandProvisioner(Provisioner):
+    """Boots and removes hosts with a command: `CMD machine-add MACHINE NODE_TYPE` prints
+    "hostname address cpus ram_mib" on its last line; `CMD machine-remove HOSTNAME`."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def provision(self, machine_name, node_type):
+        out = subprocess.run([self.command, "machine-add", machine_name, node_type], check=True,
+                             capture_output=True, text=True).stdout.strip().splitlines()
+        hostname, address, cpus, ram = out[-1].split()
+        return hostname, address, int(cpus), int(ram)
+
+    def release(self, hostname):
+        subprocess.run([self.command, "machine-remove", hostname], check=True, capture_output=True, text=True)
 
 READONLY_RULES = {("cluster.x-k8s.io", "machines", verb) for verb in ("get", "list", "watch")}
 
@@ -24,6 +43,8 @@ def main(argv=None):
     ap.add_argument("--tls-cert")
     ap.add_argument("--tls-key")
     ap.add_argument("--pid-file")
+    ap.add_argument("--capi-controller", metavar="PROVISIONER_CMD",
+                    help="run the Cluster API controller; hosts are booted/removed with this command")
     args = ap.parse_args(argv)
 
     tokens = {}
@@ -44,8 +65,17 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     sim.start()
+    controller = None
+    if args.capi_controller:
+        controller = CapiController(store, CommandProvisioner(args.capi_controller)).start()
     print(f"capisim serving {sum(len(v) for v in store.objects.values())} objects on {sim.url}", flush=True)
-    done.wait()
+    while not done.wait(5):
+        if controller is not None and controller.errors:
+            for err in controller.errors:
+                print("capi-controller: " + err, flush=True)
+            controller.errors.clear()
+    if controller is not None:
+        controller.stop()
     sim.stop()
     return 0
 

@@ -54,6 +54,7 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reports what would change (drain, delete, resume) and the node's jobs, changing nothing.
 notes:
   - Dynamic nodes (slurmd -Z) disappear from Slurm with C(absent); stop slurmd on the node afterwards,
     or it registers again.
@@ -116,8 +117,8 @@ class SlurmNode:
     def run(self, args, check=True):
         rc, out, err = self.module.run_command(args)
         if check and rc != 0:
-            self.module.fail_json(msg="%s failed for node %s: %s" % (" ".join(args[:3]), self.name,
-                                                                    (err or out).strip()))
+            self.module.fail_json(msg="%s failed for node %s: %s"
+                                  % (" ".join(args[:3]), self.name, (err or out).strip()))
         return rc, out, err
 
     def show(self):

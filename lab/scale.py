@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Scale the lab's compute MachineDeployment like `kubectl scale`, then run the
+playbook AWX would run for the event, and report the timings.
+
+    lab/scale.py REPLICAS [--state .lab] [--cluster clab] [--no-playbook]
+
+Up:   set replicas; wait until every new Machine is Provisioned; run scale_up.yml.
+Down: set replicas; wait until the Machines Cluster API picked are Deleting and
+      held by our pre-terminate hook; run scale_down.yml; wait until they are gone.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+from kubernetes import client, config
+
+NS = "metal3"
+G, V = "cluster.x-k8s.io", "v1beta2"
+HOOK_PREFIX = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/"
+
+
+def log(t0, msg):
+    print("[lab-scale %6.1fs] %s" % (time.time() - t0, msg), flush=True)
+
+
+def machines(co, md):
+    items = co.list_namespaced_custom_object(G, V, NS, "machines",
+                                             label_selector="cluster.x-k8s.io/deployment-name=" + md)["items"]
+    return {m["metadata"]["name"]: m for m in items}
+
+
+def wait(t0, what, cond, timeout, poll=0.3):
+    end = time.time() + timeout
+    while time.time() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(poll)
+    log(t0, "gave up waiting for " + what)
+    sys.exit(1)
+
+
+def playbook(repo, state, name, extra_vars=()):
+    cmd = ["ansible-playbook", "-i", os.path.join(state, "capi.capi_machines.yml"),
+           os.path.join(repo, "playbooks", name)]
+    for ev in extra_vars:
+        cmd += ["-e", ev]
+    with open(os.path.join(state, "logs", name.replace(".yml", ".log")), "w") as out:
+        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
+    return rc
+
+
+def main():
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("replicas", type=int)
+    ap.add_argument("--state", default=os.path.join(repo, os.environ.get("LAB_STATE", ".lab")))
+    ap.add_argument("--cluster", default=os.environ.get("LAB_NAME", "clab"))
+    ap.add_argument("--no-playbook", action="store_true", help="only scale; do not run the playbook")
+    ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("-e", "--extra-vars", action="append", default=[], help="passed to ansible-playbook")
+    args = ap.parse_args()
+    if args.replicas < 0:
+        sys.exit("replicas=%d: must be 0 or more" % args.replicas)
+    api = config.new_client_from_config(os.path.join(args.state, "capi", "kubeconfig"))
+    co = client.CustomObjectsApi(api)
+    md = args.cluster + "-compute"
+    t0 = time.time()
+    before = machines(co, md)
+    live = {n for n, m in before.items() if not m["metadata"].get("deletionTimestamp")}
+    current = co.get_namespaced_custom_object_scale(G, V, NS, "machinedeployments", md)["spec"]["replicas"]
+    log(t0, "MachineDeployment %s/%s: %d -> %d replicas" % (NS, md, current, args.replicas))
+    co.patch_namespaced_custom_object_scale(G, V, NS, "machinedeployments", md,
+                                            {"spec": {"replicas": args.replicas}})
+    if args.replicas > len(live):
+        def provisioned():
+            now = machines(co, md)
+            new = {n: m for n, m in now.items() if n not in before and not m["metadata"].get("deletionTimestamp")}
+            ready = [n for n, m in new.items() if (m.get("status") or {}).get("phase") == "Provisioned"]
+            return sorted(ready) if len(new) >= args.replicas - len(live) and len(ready) == len(new) else None
+        new = wait(t0, "new Machines to be Provisioned", provisioned, args.timeout)
+        t_ready = time.time()
+        log(t0, "Provisioned: %s" % ", ".join(new))
+        if args.no_playbook:
+            return 0
+        rc = playbook(repo, args.state, "scale_up.yml", args.extra_vars)
+        log(t0, "scale_up.yml %s in %.1f s (from Provisioned to every new node IDLE)"
+            % ("done" if rc == 0 else "FAILED, see %s/logs/scale_up.log" % args.state, time.time() - t_ready))
+        return rc
+    if args.replicas < len(live):
+        def held():
+            now = machines(co, md)
+            leaving = {n: m for n, m in now.items() if n in live and m["metadata"].get("deletionTimestamp")}
+            waiting = [n for n, m in leaving.items() if (m.get("status") or {}).get("phase") == "Deleting"
+                       or not any(k.startswith(HOOK_PREFIX) for k in m["metadata"].get("annotations") or {})]
+            return sorted(leaving) if len(leaving) >= len(live) - args.replicas and len(waiting) == len(leaving) \
+                else None
+        leaving = wait(t0, "Machines to be picked for deletion", held, args.timeout)
+        t_del = time.time()
+        log(t0, "Deleting (held by the pre-terminate hook): %s" % ", ".join(leaving))
+        if args.no_playbook:
+            return 0
+        rc = playbook(repo, args.state, "scale_down.yml", args.extra_vars)
+        log(t0, "scale_down.yml %s in %.1f s" % ("done" if rc == 0 else "FAILED, see %s/logs/scale_down.log"
+                                                 % args.state, time.time() - t_del))
+        if rc != 0:
+            return rc
+        wait(t0, "the Machines to be gone", lambda: not (set(leaving) & set(machines(co, md))), args.timeout)
+        log(t0, "Machines gone, hosts deprovisioned: %s" % ", ".join(leaving))
+        return 0
+    log(t0, "nothing to do")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""converged.hpc.slurm_node against stand-in scontrol/squeue/scancel commands that keep node state in files.
+
+The real commands run in tests/e2e; here every branch (drain, wait, timeout, force, absent, resume,
+check mode) runs quickly and deterministically.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import COLLECTIONS, REPO
+
+from ansible_collections.converged.hpc.plugins.modules.slurm_node import parse_node
+
+FAKE = r'''#!/usr/bin/env python3
+import json, os, sys
+state_file = os.environ["FAKE_SLURM"]
+st = json.load(open(state_file))
+cmd, args = os.path.basename(sys.argv[0]), sys.argv[1:]
+def save(): json.dump(st, open(state_file, "w"))
+if cmd == "scontrol" and args[:2] == ["show", "node"]:
+    name = args[-1]
+    if name not in st["nodes"]:
+        print("Node %s not found" % name, file=sys.stderr); sys.exit(1)
+    n = st["nodes"][name]
+    print("NodeName=%s Arch=x86_64 CoresPerSocket=2 State=%s Reason=%s" % (name, n["state"], n.get("reason", "")))
+elif cmd == "scontrol" and args[0] == "update":
+    kv = dict(a.split("=", 1) for a in args[1:])
+    n = st["nodes"][kv["nodename"]]
+    if kv["state"] == "drain":
+        n["state"] = "MIXED+DRAIN" if st["jobs"].get(kv["nodename"]) else "IDLE+DRAIN"
+        n["reason"] = kv["reason"]
+    elif kv["state"] == "resume":
+        n["state"] = "IDLE"
+    save()
+elif cmd == "scontrol" and args[0] == "delete":
+    st["nodes"].pop(args[1].split("=", 1)[1]); save()
+elif cmd == "squeue":
+    node = args[args.index("--nodelist") + 1]
+    st["polls"] = st.get("polls", 0) + 1
+    jobs = st["jobs"].get(node, [])
+    if jobs and st.get("finish_after") and st["polls"] >= st["finish_after"]:
+        st["jobs"][node] = jobs = []
+    save()
+    print("\n".join(jobs))
+elif cmd == "scancel":
+    for node in st["jobs"]:
+        st["jobs"][node] = [j for j in st["jobs"][node] if j not in args]
+    st["cancelled"] = args; save()
+'''
+
+
+@pytest.fixture
+def fake(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("scontrol", "squeue", "scancel"):
+        path = bindir / name
+        path.write_text(FAKE)
+        path.chmod(0o755)
+    state = tmp_path / "state.json"
+
+    def run(params, nodes=None, jobs=None, finish_after=None, check_mode=False):
+        state.write_text(json.dumps({"nodes": nodes or {}, "jobs": jobs or {}, "finish_after": finish_after}))
+        args = dict(params, poll=0.01)
+        if check_mode:
+            args["_ansible_check_mode"] = True
+        env = dict(os.environ, PATH=str(bindir) + os.pathsep + os.environ["PATH"], FAKE_SLURM=str(state),
+                   PYTHONPATH=COLLECTIONS)
+        proc = subprocess.run([sys.executable, "-m", "ansible_collections.converged.hpc.plugins.modules.slurm_node"],
+                              input=json.dumps({"ANSIBLE_MODULE_ARGS": args}), capture_output=True, text=True,
+                              env=env, cwd=REPO, timeout=60)
+        out = json.loads(proc.stdout)
+        return out, json.loads(state.read_text())
+
+    return run
+
+
+IDLE = {"cn1": {"state": "IDLE"}}
+BUSY = {"cn1": {"state": "MIXED"}}
+
+
+def test_parse_node_keeps_values_with_spaces():
+    node = parse_node("NodeName=cn1 State=IDLE+DRAIN Reason=Machine metal3/x is being deleted [root@2026]")
+    assert node["State"] == "IDLE+DRAIN" and node["Reason"] == "Machine metal3/x is being deleted [root@2026]"
+
+
+def test_drain_idle_node(fake):
+    out, st = fake({"name": "cn1", "state": "drained"}, IDLE)
+    assert out["changed"] and st["nodes"]["cn1"]["state"] == "IDLE+DRAIN" and out["jobs"] == []
+
+
+def test_drain_is_idempotent(fake):
+    out, _ = fake({"name": "cn1", "state": "drained"}, {"cn1": {"state": "IDLE+DRAIN"}})
+    assert not out["changed"]
+
+
+def test_absent_waits_for_jobs_then_deletes(fake):
+    out, st = fake({"name": "cn1", "state": "absent", "timeout": 30}, BUSY, {"cn1": ["41"]}, finish_after=3)
+    assert out["changed"] and "cn1" not in st["nodes"] and st["polls"] >= 3 and "cancelled" not in st
+
+
+def test_timeout_fails_naming_node_and_jobs_and_keeps_node(fake):
+    out, st = fake({"name": "cn1", "state": "absent", "timeout": 0}, BUSY, {"cn1": ["41", "42"]})
+    assert out["failed"] and "cn1" in out["msg"] and "41, 42" in out["msg"]
+    assert st["nodes"]["cn1"]["state"] == "MIXED+DRAIN" and "cancelled" not in st
+
+
+def test_force_cancels_after_timeout(fake):
+    out, st = fake({"name": "cn1", "state": "absent", "timeout": 0, "force": True}, BUSY, {"cn1": ["41"]})
+    assert not out.get("failed") and st["cancelled"] == ["41"] and "cn1" not in st["nodes"]
+
+
+def test_absent_node_is_ok(fake):
+    out, _ = fake({"name": "gone", "state": "absent"}, IDLE)
+    assert not out["changed"] and out["before"] == "absent"
+
+
+def test_check_mode_changes_nothing(fake):
+    out, st = fake({"name": "cn1", "state": "absent"}, BUSY, {"cn1": ["41"]}, check_mode=True)
+    assert out["changed"] and st["nodes"]["cn1"]["state"] == "MIXED" and out["jobs"] == ["41"]
+
+
+def test_resume(fake):
+    out, st = fake({"name": "cn1", "state": "resumed"}, {"cn1": {"state": "IDLE+DRAIN"}})
+    assert out["changed"] and st["nodes"]["cn1"]["state"] == "IDLE"
+
+
+@pytest.mark.parametrize("params,text", [({"name": "cn1; rm -rf /", "state": "drained"}, "not a Slurm node name"),
+                                         ({"name": "cn1", "reason": " "}, "reason must not be empty"),
+                                         ({"name": "cn1", "timeout": -1}, "timeout=-1")])
+def test_bad_input(fake, params, text):
+    out, _ = fake(params, IDLE)
+    assert out["failed"] and text in out["msg"]
