@@ -143,7 +143,7 @@ def test_drain_timeout_keeps_the_hook_and_names_node_and_job(lab):
     held = lab.get_namespaced_custom_object(G, V, NS, "machines", victim["metadata"]["name"])
     assert HOOK in held["metadata"]["annotations"] and held["status"]["phase"] == "Deleting"
     assert node in containers()
-    assert "drain" in slurm_nodes()[node]  # drained, not killed
+    assert slurm_nodes()[node] == "drng"  # draining: the job goes on, nothing new starts
     assert "RUNNING" in on(CTL, "squeue --noheader --job %s --format %%T" % job).stdout
     # the admin lets the job end (here: cancels it); the next run releases the hook
     on(CTL, "scancel %s" % job)
