@@ -69,6 +69,8 @@ validate_conf() {
     || die "LAB_SUBNET_PREFIX='$LAB_SUBNET_PREFIX' must look like 10.89.50"
   [[ "$LAB_NAME" =~ ^[a-z][a-z0-9-]{0,20}$ ]] \
     || die "LAB_NAME='$LAB_NAME' must be lowercase letters, digits and dashes"
+  [[ "$LAB_MUNGE_KEY_SOURCE" == secret || "$LAB_MUNGE_KEY_SOURCE" == generate ]] \
+    || die "LAB_MUNGE_KEY_SOURCE='$LAB_MUNGE_KEY_SOURCE' is not secret or generate"
 }
 
 cmd_deps() {
@@ -261,9 +263,23 @@ write_state() {
   } >"$STATE/hosts.yml"
 }
 
+# Every systemd machine takes several inotify instances; the kernel default (128 per
+# user, and all lab machines run as root) stops new machines from booting at about
+# a dozen. Raise the host's limits once (a lab host setting, not a production one).
+raise_host_limits() {
+  local key want
+  for key in fs.inotify.max_user_instances=2048 fs.inotify.max_user_watches=524288; do
+    want=${key#*=}
+    if (( $(sysctl -n "${key%%=*}") < want )); then
+      sysctl -q -w "$key" && say "raised ${key%%=*} to $want for the lab's systemd machines"
+    fi
+  done
+}
+
 cmd_up() {
   validate_conf
   cmd_deps
+  raise_host_limits
   cmd_image "$LAB_FLAVOUR"
   ensure_key
   ensure_network
@@ -345,6 +361,7 @@ cmd_sim() {
   cmd_sim_stop quiet
   # The simulator's CAPI controller boots and removes lab machines with this script.
   export LAB_NAME LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_SUBNET_PREFIX LAB_CPUS LAB_RAM_MIB LAB_STATE \
+    LAB_MUNGE_KEY_SOURCE \
     LAB_API_PORT="$API_PORT"
   PYTHONPATH="$LAB_DIR" nohup python3 -m capisim --bind 127.0.0.1 --port "$API_PORT" \
     --objects "$dir/objects.yaml" --token-file "$dir/token" --pid-file "$dir/sim.pid" \
@@ -393,8 +410,9 @@ ansible_user: $SSH_USER
 ansible_become: true
 ansible_ssh_private_key_file: $STATE/ssh/id_ed25519
 ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR
-# The munge key comes from the management cluster (Secret metal3/munge-key).
-munge_key_source: secret
+# The munge key: from the management cluster (Secret metal3/munge-key) or generated
+# on the first controller (LAB_MUNGE_KEY_SOURCE=generate).
+munge_key_source: $LAB_MUNGE_KEY_SOURCE
 munge_key_secret_namespace: metal3
 munge_key_secret_kubeconfig: $dir/kubeconfig
 slurm_controller_cluster_name: $LAB_NAME

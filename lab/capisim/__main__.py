@@ -22,9 +22,10 @@ class CommandProvisioner(Provisioner):
         self.command = command
 
     def provision(self, machine_name, node_type):
-        out = subprocess.run([self.command, "machine-add", machine_name, node_type], check=True,
-                             capture_output=True, text=True).stdout.strip().splitlines()
-        hostname, address, cpus, ram = out[-1].split()
+        proc = subprocess.run([self.command, "machine-add", machine_name, node_type], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError("machine-add exited %d: %s" % (proc.returncode, proc.stderr.strip()[-500:]))
+        hostname, address, cpus, ram = proc.stdout.strip().splitlines()[-1].split()
         return hostname, address, int(cpus), int(ram)
 
     def release(self, hostname):

@@ -17,6 +17,7 @@ from kubernetes import client, config
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, LAB_NAME="elab", LAB_SUBNET_PREFIX="10.89.80", LAB_API_PORT="16480",
            LAB_STATE=".lab/e2e", LAB_FLAVOUR="prebaked", LAB_CONTROLLERS="1", LAB_COMPUTE="2",
+           LAB_MUNGE_KEY_SOURCE="generate",  # the lab default (secret) runs in make lab
            CONTAINERS_CONF=os.path.join(REPO, "lab", "containers.conf"),
            ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
 STATE = os.path.join(REPO, ".lab", "e2e")
@@ -157,6 +158,24 @@ def test_drain_timeout_keeps_the_hook_and_names_node_and_job(lab):
     assert node not in slurm_nodes()
 
 
+def test_a_second_scale_down_waits_for_the_lock(lab):
+    # a scale-down run holds the lock: another one waits, and gives up after its lock timeout
+    on(CTL, "mkdir /run/converged-hpc-scale-down.lock && echo 'other run' > /run/converged-hpc-scale-down.lock/owner")
+    victim = sorted(compute_machines(lab, deleting=False), key=hostname)[-1]
+    mark_for_deletion(lab, victim)
+    try:
+        res = scale(0 if len(compute_machines(lab, deleting=False)) == 1 else 1, "converged_lock_timeout=4")
+        assert res.returncode != 0
+        log = open(os.path.join(STATE, "logs", "scale_down.log")).read()
+        assert "held by: other run" in log
+        assert hostname(victim) in slurm_nodes()  # nothing was done without the lock
+    finally:
+        on(CTL, "rm -rf /run/converged-hpc-scale-down.lock")
+    res = sh("ansible-playbook", "-i", os.path.join(STATE, "capi.capi_machines.yml"), "playbooks/scale_down.yml",
+             check=False)
+    assert res.returncode == 0, res.stdout[-3000:]
+
+
 def test_scale_to_zero_and_back(lab):
     res = scale(0)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -168,3 +187,15 @@ def test_scale_to_zero_and_back(lab):
     assert len(nodes) == 2 and set(nodes.values()) == {"idle"}
     job = on(CTL, "sbatch --parsable --wait --nodes=2 --wrap 'srun hostname'").stdout.strip()
     assert "ExitCode=0:0" in on(CTL, "scontrol show job %s" % job).stdout
+
+
+def test_no_secret_in_any_log(lab):
+    import base64
+    token = open(os.path.join(STATE, "capi", "token")).read().strip()
+    key = on(CTL, "base64 -w0 /etc/munge/munge.key").stdout.strip()  # generated on the controller
+    assert len(base64.b64decode(key)) == 1024
+    logs = os.path.join(STATE, "logs")
+    for name in os.listdir(logs):
+        text = open(os.path.join(logs, name), errors="replace").read()
+        assert token not in text, name
+        assert key[:40] not in text, name
