@@ -71,3 +71,18 @@ def test_munge_credentials_decode_across_nodes(host):
     out = host.check_output("srun --nodes=2 --ntasks=2 bash -c 'echo %s | unmunge >/dev/null && hostname -s'"
                             % cred)
     assert sorted(out.split()) == NODES
+
+
+def test_mpi_hello_world_on_both_nodes_with_pmi2(host):
+    if host.backend.get_hostname() != CTL:
+        pytest.skip("asked on the controller")
+    src = ("#include <mpi.h>\n#include <stdio.h>\n#include <unistd.h>\n"
+           "int main(int c, char **v) { int r, s; char h[64]; MPI_Init(&c, &v);"
+           " MPI_Comm_rank(MPI_COMM_WORLD, &r); MPI_Comm_size(MPI_COMM_WORLD, &s); gethostname(h, 64);"
+           " printf(\"rank %d of %d on %s\\n\", r, s, h); MPI_Finalize(); return 0; }\n")
+    host.check_output("printf '%%s' %s > /tmp/hello.c && mpicc -o /tmp/hello /tmp/hello.c", src)
+    out = host.check_output("srun --mpi=pmi2 --nodes=2 --ntasks=2 --ntasks-per-node=1 --bcast=/tmp/hello-b "
+                            "/tmp/hello")
+    lines = sorted(out.splitlines())
+    assert lines == ["rank %d of 2 on %s" % (i, n) for i, n in enumerate(NODES)] or \
+        sorted(line.split()[-1] for line in lines) == NODES
