@@ -418,6 +418,17 @@ munge_key_secret_kubeconfig: $dir/kubeconfig
 slurm_controller_cluster_name: $LAB_NAME
 # scale_up.yml / scale_down.yml talk to the management cluster with this.
 converged_capi_kubeconfig: $dir/kubeconfig
+# Shared storage: this kernel has no NFS at all, so nfs-ganesha (userspace) serves
+# from the controller's volume, graceless, and compute nodes only get fstab entries.
+nfs_server_backend: ganesha
+nfs_server_ganesha_grace_period: 0
+nfs_server_exports:
+  - {path: /srv/shared/home, clients: "$LAB_SUBNET_PREFIX.0/24", options: [rw, sync, no_subtree_check, no_root_squash]}
+  - {path: /srv/shared/slurm-state, clients: "$LAB_SUBNET_PREFIX.0/24", options: [rw, sync, no_subtree_check, no_root_squash]}
+nfs_client_state: present
+nfs_client_slurmd_dependency: wants
+nfs_client_mounts:
+  - {src: /srv/shared/home, path: /home, opts: [rw, hard, noatime, _netdev, vers=4.2]}
 EOF
   say "management cluster simulator on http://127.0.0.1:$API_PORT ($(grep -c '^kind: Machine$' \
     "$dir/objects.yaml") Machines); inventory: $LAB_STATE/capi.capi_machines.yml"
