@@ -5,40 +5,24 @@ Order matters (one lab, module scope): 2 -> 4 -> 2 (a long job on a leaving node
 -> drain timeout keeps the hook -> 0 -> 2.
 """
 
-import json
 import os
 import re
-import subprocess
 import time
 
 import pytest
 from kubernetes import client, config
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENV = dict(os.environ, LAB_NAME="elab", LAB_SUBNET_PREFIX="10.89.80", LAB_API_PORT="16480",
-           LAB_STATE=".lab/e2e", LAB_FLAVOUR="prebaked", LAB_CONTROLLERS="1", LAB_COMPUTE="2",
-           LAB_MUNGE_KEY_SOURCE="generate",  # the lab default (secret) runs in make lab
-           CONTAINERS_CONF=os.path.join(REPO, "lab", "containers.conf"),
-           ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
-STATE = os.path.join(REPO, ".lab", "e2e")
+from labkit import Lab, has_podman
+
+# the lab default munge key source (secret) runs in make lab; this lab generates its key
+LAB = Lab("elab", "10.89.80", 16480, ".lab/e2e", LAB_COMPUTE="2", LAB_MUNGE_KEY_SOURCE="generate")
+STATE = LAB.state
+sh, on = LAB.sh, LAB.on
 CTL = "elab-ctl-01"
 NS, G, V = "metal3", "cluster.x-k8s.io", "v1beta2"
 HOOK = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/converged-hpc"
 
-pytestmark = pytest.mark.skipif(subprocess.run(["which", "podman"], capture_output=True).returncode != 0,
-                                reason="needs podman")
-
-
-def sh(*cmd, check=True, timeout=900):
-    proc = subprocess.run(list(cmd), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError("%s failed (%d):\n%s\n%s" % (" ".join(cmd), proc.returncode, proc.stdout[-3000:],
-                                                          proc.stderr[-3000:]))
-    return proc
-
-
-def on(machine, command, check=True):
-    return sh("podman", "exec", machine, "bash", "-c", command, check=check)
+pytestmark = pytest.mark.skipif(not has_podman(), reason="needs podman")
 
 
 def scale(n, *extra):
@@ -59,15 +43,10 @@ def main_pid(machine, unit):
 
 @pytest.fixture(scope="module")
 def lab():
-    sh("lab/lab.sh", "down")
-    sh("make", "-s", "dev-collection")
-    sh("lab/lab.sh", "up")
-    sh("lab/lab.sh", "sim")
-    sh("lab/lab.sh", "converge")
+    LAB.up()
     api = config.new_client_from_config(os.path.join(STATE, "capi", "kubeconfig"))
     yield client.CustomObjectsApi(api)
-    if not os.environ.get("KEEP_LAB"):
-        sh("lab/lab.sh", "down", check=False)
+    LAB.down()
 
 
 def compute_machines(co, deleting=None):
@@ -148,8 +127,7 @@ def test_drain_timeout_keeps_the_hook_and_names_node_and_job(lab):
     assert "RUNNING" in on(CTL, "squeue --noheader --job %s --format %%T" % job).stdout
     # the admin lets the job end (here: cancels it); the next run releases the hook
     on(CTL, "scancel %s" % job)
-    res = sh("ansible-playbook", "-i", os.path.join(STATE, "capi.capi_machines.yml"), "playbooks/scale_down.yml",
-             check=False)
+    res = LAB.playbook("scale_down.yml")
     assert res.returncode == 0, res.stdout[-3000:]
     deadline = time.time() + 120
     while any(m["metadata"]["name"] == victim["metadata"]["name"] for m in compute_machines(lab)):
@@ -171,8 +149,7 @@ def test_a_second_scale_down_waits_for_the_lock(lab):
         assert hostname(victim) in slurm_nodes()  # nothing was done without the lock
     finally:
         on(CTL, "rm -rf /run/converged-hpc-scale-down.lock")
-    res = sh("ansible-playbook", "-i", os.path.join(STATE, "capi.capi_machines.yml"), "playbooks/scale_down.yml",
-             check=False)
+    res = LAB.playbook("scale_down.yml")
     assert res.returncode == 0, res.stdout[-3000:]
 
 

@@ -2,44 +2,22 @@
 here has no NFS), the compute node's fstab and slurmd ordering, and the export proven
 with libnfs tools from another machine."""
 
-import os
-import subprocess
-
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENV = dict(os.environ, LAB_NAME="slab", LAB_SUBNET_PREFIX="10.89.85", LAB_API_PORT="16485",
-           LAB_STATE=".lab/storage", LAB_FLAVOUR="prebaked", LAB_CONTROLLERS="1", LAB_COMPUTE="1",
-           CONTAINERS_CONF=os.path.join(REPO, "lab", "containers.conf"),
-           ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
-STATE = os.path.join(REPO, ".lab", "storage")
+from labkit import Lab, has_podman
+
+LAB = Lab("slab", "10.89.85", 16485, ".lab/storage", LAB_COMPUTE="1")
+sh, on = LAB.sh, LAB.on
 CTL, CN = "slab-ctl-01", "slab-cn-01"
 
-pytestmark = pytest.mark.skipif(subprocess.run(["which", "podman"], capture_output=True).returncode != 0,
-                                reason="needs podman")
-
-
-def sh(*cmd, check=True):
-    proc = subprocess.run(list(cmd), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
-    if check and proc.returncode != 0:
-        raise AssertionError("%s failed:\n%s\n%s" % (" ".join(cmd), proc.stdout[-3000:], proc.stderr[-3000:]))
-    return proc
-
-
-def on(machine, command, check=True):
-    return sh("podman", "exec", machine, "bash", "-c", command, check=check)
+pytestmark = pytest.mark.skipif(not has_podman(), reason="needs podman")
 
 
 @pytest.fixture(scope="module")
 def lab():
-    sh("lab/lab.sh", "down")
-    sh("make", "-s", "dev-collection")
-    sh("lab/lab.sh", "up")
-    sh("lab/lab.sh", "sim")
-    sh("lab/lab.sh", "converge")
+    LAB.up()
     yield
-    if not os.environ.get("KEEP_LAB"):
-        sh("lab/lab.sh", "down", check=False)
+    LAB.down()
 
 
 def test_ganesha_serves_the_exports(lab):
@@ -68,8 +46,7 @@ def test_compute_node_fstab_and_slurmd_ordering(lab):
 
 
 def test_mounting_on_a_kernel_without_nfs_fails_clearly(lab):
-    res = sh("ansible-playbook", "-i", os.path.join(STATE, "capi.capi_machines.yml"), "playbooks/storage.yml",
-             "-e", "nfs_client_state=mounted", check=False)
+    res = LAB.playbook("storage.yml", "nfs_client_state=mounted")
     assert res.returncode != 0
     assert "this kernel has no NFS client" in res.stdout
     assert "/home" not in on(CN, "findmnt -t nfs,nfs4 -n -o TARGET", check=False).stdout
@@ -77,7 +54,6 @@ def test_mounting_on_a_kernel_without_nfs_fails_clearly(lab):
 
 def test_relative_export_path_fails_before_any_change(lab):
     before = on(CTL, "sha256sum /etc/ganesha/ganesha.conf").stdout
-    res = sh("ansible-playbook", "-i", os.path.join(STATE, "capi.capi_machines.yml"), "playbooks/storage.yml",
-             "-e", '{"nfs_server_exports": [{"path": "srv/relative", "clients": "*"}]}', check=False)
+    res = LAB.playbook("storage.yml", '{"nfs_server_exports": [{"path": "srv/relative", "clients": "*"}]}')
     assert res.returncode != 0 and "export path 'srv/relative' is not an absolute path" in res.stdout
     assert on(CTL, "sha256sum /etc/ganesha/ganesha.conf").stdout == before
