@@ -15,6 +15,7 @@ help:
 ## make lab        bring up the lab machines and run the main job end to end
 lab: dev-collection
 	lab/lab.sh up
+	lab/lab.sh directory
 	lab/lab.sh sim
 	lab/lab.sh ping
 	lab/lab.sh converge

@@ -8,7 +8,7 @@
 # Runs in a lab of its own (LAB_NAME=cbench, 10.89.70.0/24) and removes it at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export LAB_NAME=cbench LAB_SUBNET_PREFIX=10.89.70 LAB_API_PORT=16470 LAB_STATE=.lab/bench
+export LAB_NAME=cbench LAB_SUBNET_PREFIX=10.89.70 LAB_API_PORT=16470 LAB_STATE=.lab/bench LAB_DIRECTORY=0
 export CONTAINERS_CONF="$PWD/lab/containers.conf" ANSIBLE_CONFIG="$PWD/ansible.cfg"
 SIZES="${SIZES:-2 6}"
 FLAVOURS="${FLAVOURS:-prebaked}"

@@ -23,7 +23,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, LAB_NAME="ebench", LAB_SUBNET_PREFIX="10.89.90", LAB_API_PORT="16490",
-           LAB_STATE=".lab/ebench", LAB_FLAVOUR="prebaked", LAB_CONTROLLERS="1", LAB_COMPUTE="1",
+           LAB_STATE=".lab/ebench", LAB_FLAVOUR="prebaked", LAB_CONTROLLERS="1", LAB_COMPUTE="1", LAB_DIRECTORY="0",
            CONTAINERS_CONF=os.path.join(REPO, "lab", "containers.conf"),
            ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
 

@@ -4,6 +4,7 @@
 #   lab/lab.sh deps              install podman, runc, debootstrap (Debian packages)
 #   lab/lab.sh image [FLAVOUR]   build the stock or prebaked machine image (cached)
 #   lab/lab.sh up                boot the machines of lab.conf (reuses running ones)
+#   lab/lab.sh directory         the LDAP directory (slapd, TLS, test users) and their homes
 #   lab/lab.sh sim               start the management cluster simulator for the machines
 #   lab/lab.sh ping              ansible ping of every machine over SSH
 #   lab/lab.sh converge          the main job: site.yml through the CAPI inventory, validate.yml
@@ -27,10 +28,11 @@ SSH_USER="admin"
 STATE="$REPO_DIR/$LAB_STATE"
 API_PORT="${LAB_API_PORT:-16443}"
 # Packages of the prebaked flavour: what the roles install (slurm_common,
-# munge, slurm_controller, slurm_compute, mpich, sssd, nfs_*, keepalived).
+# munge, slurm_controller, slurm_compute, mpich, sssd, nfs_*, keepalived),
+# and the lab directory's slapd (lab/directory.yml).
 PREBAKED_PACKAGES="munge slurm-client slurmctld slurmd libpmix2 mpich libmpich-dev gcc libc6-dev
  sssd-ldap libnss-sss libpam-sss ldap-utils keepalived nfs-common nfs-ganesha nfs-ganesha-vfs
- libnfs-utils"
+ libnfs-utils slapd python3-ldap"
 BASE_PACKAGES="systemd,systemd-sysv,dbus,python3,python3-apt,iproute2,openssh-server,sudo,procps,ca-certificates,less"
 
 T0=$(date +%s%N)
@@ -71,6 +73,8 @@ validate_conf() {
     || die "LAB_NAME='$LAB_NAME' must be lowercase letters, digits and dashes"
   [[ "$LAB_MUNGE_KEY_SOURCE" == secret || "$LAB_MUNGE_KEY_SOURCE" == generate ]] \
     || die "LAB_MUNGE_KEY_SOURCE='$LAB_MUNGE_KEY_SOURCE' is not secret or generate"
+  [[ "$LAB_DIRECTORY" == 0 || "$LAB_DIRECTORY" == 1 ]] \
+    || die "LAB_DIRECTORY='$LAB_DIRECTORY' is not 0 or 1"
 }
 
 cmd_deps() {
@@ -151,6 +155,12 @@ cmd_image() {
   fi
   "build_$flavour"
   say "image $(image_name "$flavour") ready"
+}
+
+# The lab's directory machine (not a Cluster API Machine: sites bring their own directory).
+directory_machine() {
+  [[ "$LAB_DIRECTORY" == 1 ]] && printf '%s-dir %s.5 directory\n' "$LAB_NAME" "$LAB_SUBNET_PREFIX"
+  return 0
 }
 
 # name ip node-type, one line per wanted machine
@@ -260,7 +270,25 @@ write_state() {
         echo "      hosts: {}"
       fi
     done
+    directory_machine | awk '{ printf "    directory:\n      hosts:\n        %s:\n          ansible_host: %s\n", $1, $2 }'
   } >"$STATE/hosts.yml"
+}
+
+# The lab's LDAP directory: secrets made here (0600, never printed), slapd set up by
+# lab/directory.yml, which also creates the test users' homes on the NFS server.
+cmd_directory() {
+  [[ "$LAB_DIRECTORY" == 1 ]] || { say "LAB_DIRECTORY=0: no directory machine"; return 0; }
+  [[ -f "$STATE/hosts.yml" ]] || die "no lab machines: run 'make lab' first"
+  local dir="$STATE/directory" t0; t0=$(date +%s%N)
+  mkdir -p "$dir" "$STATE/logs"; chmod 0700 "$dir"
+  for pw in admin bind; do
+    [[ -f "$dir/$pw.pw" ]] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$dir/$pw.pw")
+  done
+  ansible-playbook -i "$STATE/hosts.yml" "$LAB_DIR/directory.yml" -e "lab_directory_state=$dir" \
+    >"$STATE/logs/directory.log" 2>&1 \
+    || { grep -A12 -E '^(fatal|\[ERROR\])' "$STATE/logs/directory.log" | head -n 30 >&2
+         die "lab/directory.yml failed (log: $LAB_STATE/logs/directory.log)"; }
+  say "directory ${LAB_NAME}-dir: slapd with ldaps://, users alice and bob (group hpcusers) in $(elapsed "$t0") s"
 }
 
 # Every systemd machine takes several inotify instances; the kernel default (128 per
@@ -285,19 +313,19 @@ cmd_up() {
   ensure_network
   local t_boot; t_boot=$(date +%s%N)
   # Machines beyond the configured size are removed, so lab.conf stays the truth.
-  local keep; keep=$(wanted_machines | awk '{print $1}')
+  local keep; keep=$( { wanted_machines; directory_machine; } | awk '{print $1}')
   for name in $(podman ps -a --filter "label=$LABEL=$LAB_NAME" --format '{{.Names}}'); do
     if ! grep -qx "$name" <<<"$keep"; then
       podman rm -f "$name" >/dev/null; say "$name removed (not in the lab's size any more)"
     fi
   done
-  while read -r name ip type; do start_machine "$name" "$ip" "$type"; done < <(wanted_machines)
+  while read -r name ip type; do start_machine "$name" "$ip" "$type"; done < <(wanted_machines; directory_machine)
   SSH_OPTS=(-i "$STATE/ssh/id_ed25519" -o BatchMode=yes -o ConnectTimeout=2
     -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR)
   say "waiting for SSH on every machine"
-  while read -r name ip _; do wait_ssh "$name" "$ip"; done < <(wanted_machines)
+  while read -r name ip _; do wait_ssh "$name" "$ip"; done < <(wanted_machines; directory_machine)
   write_state
-  say "$(wanted_machines | wc -l) machines up and reachable over SSH in $(elapsed "$t_boot") s (inventory: $LAB_STATE/hosts.yml)"
+  say "$( { wanted_machines; directory_machine; } | wc -l) machines up and reachable over SSH in $(elapsed "$t_boot") s (inventory: $LAB_STATE/hosts.yml)"
 }
 
 # Cluster API's provisioner in the lab (called by the simulator's CAPI controller):
@@ -430,6 +458,18 @@ nfs_client_slurmd_dependency: wants
 nfs_client_mounts:
   - {src: /srv/shared/home, path: /home, opts: [rw, hard, noatime, _netdev, vers=4.2]}
 EOF
+  if [[ "$LAB_DIRECTORY" == 1 && -f "$STATE/directory/ca.crt" ]]; then
+    cat >>"$STATE/group_vars/all.yml" <<EOF
+# Identities from the lab directory over ldaps://, checked against the lab CA; the
+# bind password is read from a 0600 file, never written here.
+sssd_ldap_uri: [ldaps://${LAB_NAME}-dir]
+sssd_ldap_search_base: dc=hpc,dc=lab
+sssd_ldap_bind_dn: cn=sssd,ou=services,dc=hpc,dc=lab
+sssd_ldap_bind_password: "{{ lookup('ansible.builtin.file', '$STATE/directory/bind.pw') }}"
+sssd_ldap_tls_cacert_src: $STATE/directory/ca.crt
+sssd_verify_user: alice
+EOF
+  fi
   say "management cluster simulator on http://127.0.0.1:$API_PORT ($(grep -c '^kind: Machine$' \
     "$dir/objects.yaml") Machines); inventory: $LAB_STATE/capi.capi_machines.yml"
 }
@@ -437,7 +477,11 @@ EOF
 cmd_sim_stop() {
   local pidfile="$STATE/capi/sim.pid"
   if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-    kill "$(cat "$pidfile")"; rm -f "$pidfile"
+    local pid; pid=$(cat "$pidfile")
+    kill "$pid"
+    # A new simulator binds the same port: wait until this one has gone.
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    rm -f "$pidfile"
     [[ "${1:-}" == quiet ]] || say "stopped the management cluster simulator"
   fi
 }
@@ -506,7 +550,7 @@ cmd_down() {
     podman volume rm "$vol" >/dev/null && say "removed volume $vol"
   done
   rm -rf "$STATE/hosts.yml" "$STATE/machines.tsv" "$STATE/capi.capi_machines.yml" "$STATE/group_vars" \
-    "$STATE/capi" "$STATE"/.next-*
+    "$STATE/capi" "$STATE/directory" "$STATE"/.next-*
   say "lab $LAB_NAME is down (images and the SSH key are kept; 'lab/lab.sh purge' removes them)"
 }
 
@@ -523,6 +567,7 @@ case "${1:-}" in
   deps) cmd_deps ;;
   image) shift; cmd_image "$@" ;;
   up) cmd_up ;;
+  directory) cmd_directory ;;
   sim) cmd_sim ;;
   converge) cmd_converge ;;
   machine-add) shift; cmd_machine_add "$@" ;;
@@ -531,5 +576,5 @@ case "${1:-}" in
   status) cmd_status ;;
   down) cmd_down ;;
   purge) cmd_purge ;;
-  *) sed -n '2,11p' "$0"; exit 2 ;;
+  *) sed -n '2,12p' "$0"; exit 2 ;;
 esac

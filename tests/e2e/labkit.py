@@ -29,6 +29,7 @@ class Lab:
         self.sh("lab/lab.sh", "down")
         self.sh("make", "-s", "dev-collection")
         self.sh("lab/lab.sh", "up")
+        self.sh("lab/lab.sh", "directory")
         self.sh("lab/lab.sh", "sim")
         self.sh("lab/lab.sh", "converge")
 

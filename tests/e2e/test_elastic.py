@@ -15,7 +15,8 @@ from kubernetes import client, config
 from labkit import Lab, has_podman
 
 # the lab default munge key source (secret) runs in make lab; this lab generates its key
-LAB = Lab("elab", "10.89.80", 16480, ".lab/e2e", LAB_COMPUTE="2", LAB_MUNGE_KEY_SOURCE="generate")
+LAB = Lab("elab", "10.89.80", 16480, ".lab/e2e", LAB_COMPUTE="2", LAB_MUNGE_KEY_SOURCE="generate",
+          LAB_DIRECTORY="0")
 STATE = LAB.state
 sh, on = LAB.sh, LAB.on
 CTL = "elab-ctl-01"
