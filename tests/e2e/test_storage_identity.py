@@ -30,6 +30,8 @@ def test_ganesha_serves_the_exports(lab):
     assert on(CTL, "systemctl is-active nfs-ganesha").stdout.strip() == "active"
     conf = on(CTL, "cat /etc/ganesha/ganesha.conf").stdout
     assert 'Path = "/srv/shared/home";' in conf and 'Path = "/srv/shared/slurm-state";' in conf
+    assert on(CTL, "stat -c '%U %a' /srv/shared/home /srv/shared/home/alice").stdout.split("\n")[:2] == \
+        ["root 755", "alice 700"]
 
 
 def test_export_works_from_a_compute_node_with_libnfs(lab):
