@@ -4,7 +4,7 @@ SHELL := /bin/bash
 export CONTAINERS_CONF := $(CURDIR)/lab/containers.conf
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PYTHON ?= python3
-SCENARIOS ?= default cluster
+SCENARIOS ?= default cluster ha
 COLLECTION_LINK := .lab/collections/ansible_collections/converged/hpc
 
 .PHONY: help deps dev-collection lab lab-scale lab-down lab-ping lab-status images unit lint sanity molecule e2e test build
@@ -54,7 +54,7 @@ lint: dev-collection
 	ansible-lint --profile production
 	tests/sanity.sh
 
-## make molecule   the molecule scenarios (SCENARIOS="default cluster ...")
+## make molecule   the molecule scenarios (SCENARIOS="default cluster ha")
 molecule: dev-collection images
 	@mkdir -p .lab/logs
 	for s in $(SCENARIOS); do \
