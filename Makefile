@@ -14,6 +14,7 @@ help:
 
 ## make lab        bring up the lab machines and run the main job end to end
 lab: dev-collection
+	lab/lab.sh deps
 	lab/lab.sh up
 	lab/lab.sh directory
 	lab/lab.sh sim
@@ -32,10 +33,14 @@ lab-down:
 lab-status:
 	@lab/lab.sh status
 
-## make deps       install the Debian and Python packages the lab and tests need
+## make deps       install the Debian and Python packages the lab and tests need (when missing)
 deps:
 	lab/lab.sh deps
-	$(PYTHON) -m pip install -q -r requirements-test.txt
+	@if ! $(PYTHON) -c 'import pytest, testinfra, molecule, molecule_plugins, antsibull_changelog' 2>/dev/null \
+	    || ! command -v ansible-lint >/dev/null; then \
+	  echo "[deps] pip install -r requirements-test.txt"; \
+	  $(PYTHON) -m pip install -q -r requirements-test.txt; \
+	fi
 
 dev-collection:
 	@mkdir -p $(dir $(COLLECTION_LINK))
@@ -67,8 +72,9 @@ molecule: dev-collection images
 e2e: dev-collection images
 	$(PYTHON) -m pytest -q tests/e2e
 
-## make test       everything CI runs
-test: unit lint molecule e2e
+## make test       everything CI runs (installs what is missing first)
+test: deps
+	$(MAKE) unit lint molecule e2e
 
 ## make build      build the collection tarball
 build:

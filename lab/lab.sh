@@ -40,6 +40,17 @@ T0=$(date +%s%N)
 elapsed() { local ms=$(( ($(date +%s%N) - ${1:-$T0}) / 1000000 )); printf '%d.%d' $((ms / 1000)) $((ms % 1000 / 100)); }
 say() { printf '[lab %6ss] %s\n' "$(elapsed)" "$*"; }
 die() { printf '[lab] ERROR: %s\n' "$*" >&2; exit 1; }
+# die_with_log WHAT LOG: print the log's errors (else its last lines), then what failed
+# and where the whole log is. Never fails itself, whatever the log contains.
+die_with_log() {
+  local what="$1" log="$2" excerpt=""
+  if [[ -s "$log" ]]; then
+    excerpt=$(grep -A12 -E '^(fatal|\[ERROR\]|ERROR)' "$log" 2>/dev/null | head -n 30) || true
+    [[ -n "$excerpt" ]] || excerpt=$(tail -n 25 "$log") || true
+    printf '%s\n' "$excerpt" >&2
+  fi
+  die "$what failed (log: ${log#"$REPO_DIR"/})"
+}
 
 # Run a long command, printing a heartbeat every 15 s so nobody stares at silence.
 with_heartbeat() {
@@ -54,10 +65,7 @@ with_heartbeat() {
       say "  ... $what still running ($(( $(date +%s) - start )) s, log: ${log#"$REPO_DIR"/})"
     fi
   done
-  if ! wait "$pid"; then
-    tail -n 25 "$log" >&2
-    die "$what failed (full log: $log)"
-  fi
+  wait "$pid" || die_with_log "$what" "$log"
 }
 
 validate_conf() {
@@ -79,7 +87,8 @@ validate_conf() {
 
 cmd_deps() {
   local missing=()
-  for tool in podman runc debootstrap iptables ssh-keygen ssh; do
+  mkdir -p "$STATE/logs"
+  for tool in podman runc debootstrap iptables ssh-keygen ssh flock ps git; do
     command -v "$tool" >/dev/null || missing+=("$tool")
   done
   if ((${#missing[@]})); then
@@ -87,7 +96,16 @@ cmd_deps() {
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq podman runc debootstrap uidmap slirp4netns netavark aardvark-dns iptables \
-      openssh-client >/dev/null
+      openssh-client util-linux procps git >/dev/null
+  fi
+  # The Python side (ansible-playbook, the kubernetes client the inventory plugin and
+  # the simulator's tools use): requirements.txt, installed when any of it is missing.
+  if ! command -v ansible-playbook >/dev/null \
+      || ! python3 -c 'import ansible, kubernetes, yaml, netaddr, jinja2' 2>/dev/null; then
+    say "installing Python packages: pip install -r requirements.txt"
+    python3 -m pip install -q -r "$REPO_DIR/requirements.txt" >"$STATE/logs/pip.log" 2>&1 \
+      || die_with_log "pip install -r requirements.txt" "$STATE/logs/pip.log"
+    hash -r
   fi
 }
 
@@ -238,10 +256,16 @@ start_machine() {
   say "$name booted ($type, $ip)"
 }
 
+# Ready means: sshd accepts our key AND systemd has finished booting the machine.
+# ssh gets /dev/null as stdin (-n): inside a `while read` loop it would otherwise
+# swallow the list of machines, and only the first one would ever be checked.
 wait_ssh() {
-  local name="$1" ip="$2" deadline=$(( $(date +%s) + 90 ))
-  until ssh "${SSH_OPTS[@]}" "$SSH_USER@$ip" true 2>/dev/null; do
-    (( $(date +%s) < deadline )) || die "$name ($ip) did not answer SSH within 90 s (podman logs $name)"
+  local name="$1" ip="$2" deadline=$(( $(date +%s) + 90 )) state
+  until state=$(ssh -n "${SSH_OPTS[@]}" "$SSH_USER@$ip" \
+      'timeout 60 systemctl is-system-running --wait 2>/dev/null || true' 2>/dev/null) \
+      && [[ "$state" == running || "$state" == degraded ]]; do
+    (( $(date +%s) < deadline )) \
+      || die "$name ($ip) was not ready within 90 s (sshd or boot: ${state:-no SSH}; podman logs $name)"
     sleep 0.5
   done
 }
@@ -286,8 +310,7 @@ cmd_directory() {
   done
   ansible-playbook -i "$STATE/hosts.yml" "$LAB_DIR/directory.yml" -e "lab_directory_state=$dir" \
     >"$STATE/logs/directory.log" 2>&1 \
-    || { grep -A12 -E '^(fatal|\[ERROR\])' "$STATE/logs/directory.log" | head -n 30 >&2
-         die "lab/directory.yml failed (log: $LAB_STATE/logs/directory.log)"; }
+    || die_with_log "lab/directory.yml" "$STATE/logs/directory.log"
   say "directory ${LAB_NAME}-dir: slapd with ldaps://, users alice and bob (group hpcusers) in $(elapsed "$t0") s"
 }
 
@@ -322,8 +345,10 @@ cmd_up() {
   while read -r name ip type; do start_machine "$name" "$ip" "$type"; done < <(wanted_machines; directory_machine)
   SSH_OPTS=(-i "$STATE/ssh/id_ed25519" -o BatchMode=yes -o ConnectTimeout=2
     -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR)
-  say "waiting for SSH on every machine"
-  while read -r name ip _; do wait_ssh "$name" "$ip"; done < <(wanted_machines; directory_machine)
+  say "waiting until every machine has booted and answers SSH"
+  local ready=0
+  while read -r name ip _; do wait_ssh "$name" "$ip"; ready=$((ready + 1)); done < <(wanted_machines; directory_machine)
+  (( ready == $( { wanted_machines; directory_machine; } | wc -l) )) || die "only $ready machine(s) were checked"
   write_state
   say "$( { wanted_machines; directory_machine; } | wc -l) machines up and reachable over SSH in $(elapsed "$t_boot") s (inventory: $LAB_STATE/hosts.yml)"
 }
@@ -402,7 +427,7 @@ req = urllib.request.Request("http://127.0.0.1:%s/apis/cluster.x-k8s.io" % sys.a
 urllib.request.urlopen(req, timeout=1)
 PY
   do
-    (( $(date +%s) < deadline )) || die "capisim did not start (log: $LAB_STATE/logs/capisim.log)"
+    (( $(date +%s) < deadline )) || die_with_log "starting capisim" "$STATE/logs/capisim.log"
     sleep 0.2
   done
   (umask 077; cat >"$dir/kubeconfig" <<EOF
@@ -506,16 +531,13 @@ cmd_converge() {
     kill -0 "$pid" 2>/dev/null && sleep 1
   done
   wait "$pid" || rc=$?
-  if (( rc != 0 )); then
-    grep -A12 -E '^(fatal|\[ERROR\])' "$STATE/logs/site.log" | head -n 30 >&2
-    die "site.yml failed (log: $LAB_STATE/logs/site.log)"
-  fi
+  (( rc == 0 )) || die_with_log "site.yml" "$STATE/logs/site.log"
   grep -A6 '^PLAY RECAP' "$STATE/logs/site.log" | grep ' : ok=' | sed 's/^/    /' 
   local converge; converge=$(elapsed "$t0")
   say "site.yml converged $(wc -l <"$STATE/machines.tsv") machines ($LAB_FLAVOUR image) in $converge s"
   say "validating: playbooks/validate.yml"
   ansible-playbook -i "$inv" "$REPO_DIR/playbooks/validate.yml" >"$STATE/logs/validate.log" 2>&1 \
-    || { tail -n 30 "$STATE/logs/validate.log"; die "validate.yml failed (log: $LAB_STATE/logs/validate.log)"; }
+    || die_with_log "validate.yml" "$STATE/logs/validate.log"
   sed -n '/TASK \[Report\]/,/^$/p' "$STATE/logs/validate.log" | grep '^ *"' | sed 's/^ */  /'
   say "main job done: converge $converge s ($LAB_FLAVOUR), validated"
 }

@@ -1,11 +1,11 @@
-"""Shared pytest set-up: import paths for the collection and the simulator, and
-a running simulator loaded with objects recorded from a real kube-apiserver."""
+"""Shared pytest set-up: a running simulator loaded with objects recorded from a
+real kube-apiserver. pytest.ini puts the collection (through its ansible_collections
+namespace, .lab/collections made by `make dev-collection`) and lab/ on the path."""
 
 import functools
 import json
 import os
 import socket
-import sys
 
 import pytest
 import yaml
@@ -16,12 +16,8 @@ LINK = os.path.join(COLLECTIONS, "ansible_collections", "converged", "hpc")
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 TRANSCRIPTS = os.path.normpath(os.path.join(REPO, "..", "shared", "k8s", "transcripts"))
 
-if not os.path.exists(LINK):
-    os.makedirs(os.path.dirname(LINK), exist_ok=True)
-    os.symlink(REPO, LINK)
-for path in (COLLECTIONS, os.path.join(REPO, "lab")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+if not os.path.isdir(os.path.join(LINK, "plugins")):
+    pytest.exit("the collection is not at %s: run `make dev-collection` (make unit does)" % LINK, returncode=4)
 
 from capisim import Identity, Simulator, Store  # noqa: E402
 from capisim.__main__ import READONLY_RULES  # noqa: E402

@@ -37,4 +37,4 @@ tests=(action-plugin-docs ansible-doc changelog compile empty-init ignores impor
   runtime-metadata shebang symlinks use-argspec-type-path use-compat-six validate-modules yamllint)
 args=()
 for t in "${tests[@]}"; do args+=(--test "$t"); done
-ansible-test sanity --local --python "$py" --color no "${args[@]}" plugins/ "$@"
+ansible-test sanity --local --python "$py" --color no "${args[@]}" "$@"
