@@ -27,9 +27,15 @@ description:
 extends_documentation_fragment:
   - constructed
   - inventory_cache
-  - converged.hpc.k8s_auth
+  - kubernetes.core.k8s_auth_options
+notes:
+  - The connection options are kubernetes.core's own (M(kubernetes.core.k8s)), read the same way, including
+    the C(K8S_AUTH_*) environment variables (C(K8S_AUTH_KUBECONFIG), C(K8S_AUTH_HOST), C(K8S_AUTH_API_KEY),
+    C(K8S_AUTH_SSL_CA_CERT)...), several kubeconfig paths and the in-cluster service account.
+  - The token is never printed; a trailing newline on it is removed.
 requirements:
   - kubernetes (Python library)
+  - kubernetes.core (collection)
   - netaddr (Python library, for O(nic_cidrs))
 options:
   plugin:
@@ -151,6 +157,7 @@ from ansible.errors import AnsibleError, AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
 
 from ansible_collections.converged.hpc.plugins.module_utils.capi_client import (
+    AUTH_OPTIONS,
     CAPI_GROUP,
     INFRA_GROUP,
     METAL3_GROUP,
@@ -221,14 +228,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     def _fetch_objects(self):
         """API access: one paginated list per kind, trimmed to JSON-safe dicts."""
-        configuration = build_configuration(
-            kubeconfig=self.get_option("kubeconfig"), context=self.get_option("context"),
-            host=self.get_option("host"), api_key=self.get_option("api_key"),
-            validate_certs=self.get_option("validate_certs"), ca_cert=self.get_option("ca_cert"),
-            client_cert=self.get_option("client_cert"), client_key=self.get_option("client_key"),
-            proxy=self.get_option("proxy"))
+        configuration, headers = build_configuration(**{k: self.get_option(k) for k in AUTH_OPTIONS})
         reader = CapiReader(configuration, page_size=self.get_option("page_size"),
-                            timeout=self.get_option("request_timeout"))
+                            timeout=self.get_option("request_timeout"), headers=headers)
         try:
             return self._read_all(reader)
         finally:

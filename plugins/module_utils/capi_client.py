@@ -3,13 +3,14 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Read Cluster API and Metal3 objects from a management cluster.
 
-API access only: client construction from the usual kubernetes.core options
-(kubeconfig, context, host, api_key, certificates, K8S_AUTH_* variables),
-preferred-version discovery and paginated bulk lists. Lists go through the
-client's configured connection pool as plain HTTP + json, the fastest path
-measured on a real kube-apiserver (the DynamicClient wraps every item and
-costs about 40 % more). Every failure becomes one CapiApiError whose message
-says what failed and where.
+API access only. The client configuration is kubernetes.core's own (the same
+options and K8S_AUTH_* variables as its modules: kubeconfig as a path, several
+paths or a dict, context, host, api_key, certificates, proxy and no_proxy,
+impersonation, in-cluster), and on top of it the measured fast path:
+preferred-version discovery and paginated bulk lists through that client's
+connection pool as plain HTTP + json (the DynamicClient wraps every item and
+costs about 40 % more). Every failure becomes one CapiApiError whose message says
+what failed and where, and never holds a credential.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -18,11 +19,16 @@ __metaclass__ = type
 
 import json
 import os
+import re
 from urllib.parse import urlencode
 
 try:
+    from urllib3 import HTTPHeaderDict
+except ImportError:  # pragma: no cover - urllib3 < 2
+    from urllib3._collections import HTTPHeaderDict
+
+try:
     from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
     from kubernetes.config.config_exception import ConfigException
 
     HAS_KUBERNETES = True
@@ -31,9 +37,24 @@ except ImportError as exc:  # pragma: no cover - exercised only without the libr
     HAS_KUBERNETES = False
     KUBERNETES_IMPORT_ERROR = exc
 
+try:
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import (
+        _create_auth_spec,
+        _create_configuration,
+        _create_headers,
+    )
+
+    HAS_K8S_CORE = True
+except ImportError:  # pragma: no cover - kubernetes.core comes with the ansible package
+    HAS_K8S_CORE = False
+
 CAPI_GROUP = "cluster.x-k8s.io"
 INFRA_GROUP = "infrastructure.cluster.x-k8s.io"
 METAL3_GROUP = "metal3.io"
+AUTH_OPTIONS = ("kubeconfig", "context", "host", "api_key", "username", "password", "validate_certs", "ca_cert",
+                "client_cert", "client_key", "proxy", "no_proxy", "proxy_headers", "persist_config",
+                "impersonate_user", "impersonate_groups")
+_BEARER = re.compile(r"(Bearer\s+)\S+", re.IGNORECASE)
 
 
 class CapiApiError(Exception):
@@ -49,72 +70,95 @@ def _status_message(body):
         return text.strip()
 
 
-def build_configuration(kubeconfig=None, context=None, host=None, api_key=None, validate_certs=None,
-                        ca_cert=None, client_cert=None, client_key=None, proxy=None):
-    """A kubernetes.client.Configuration from kubernetes.core-style options.
+def scrub(text, secrets=()):
+    """A library's error text without credentials: bearer tokens and the given secrets removed."""
+    text = _BEARER.sub(r"\1<redacted>", str(text))
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "<redacted>")
+    return text
 
-    Order: an explicit host (with api_key or client certificates), else a
-    kubeconfig (the given path, $KUBECONFIG or ~/.kube/config), else the
-    in-cluster service account (AWX running inside Kubernetes).
+
+def _kubeconfig_paths(auth):
+    """The kubeconfig file(s) this configuration would read, as kubectl looks for them."""
+    kubeconfig = auth.get("kubeconfig")
+    if isinstance(kubeconfig, dict):
+        return []
+    if kubeconfig:
+        value, origin = kubeconfig, "kubeconfig"
+    elif os.environ.get("KUBECONFIG"):
+        value, origin = os.environ["KUBECONFIG"], "$KUBECONFIG"
+    else:
+        value, origin = "~/.kube/config", None
+    return [(os.path.expanduser(p), origin) for p in value.split(os.pathsep) if p]
+
+
+def build_configuration(**options):
+    """A kubernetes.client.Configuration and the extra headers, as kubernetes.core builds them.
+
+    options are kubernetes.core's auth options (None: from K8S_AUTH_*). Order, as
+    kubernetes.core: an explicit host with a token or client certificate; else a
+    kubeconfig (path, several paths separated by ':', or a dict; $KUBECONFIG; then
+    ~/.kube/config) or the in-cluster service account. An explicit host alone talks
+    to the API anonymously.
     """
     if not HAS_KUBERNETES:
         raise CapiApiError("the Python 'kubernetes' library is required on the control node "
                            "(pip install kubernetes): %s" % KUBERNETES_IMPORT_ERROR)
-    configuration = k8s_client.Configuration()
-    if host is None:
-        path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        path = os.path.expanduser(path.split(os.pathsep)[0])
-        if os.path.exists(path):
-            try:
-                k8s_config.load_kube_config(config_file=path, context=context,
-                                            client_configuration=configuration, persist_config=False)
-            except (ConfigException, ValueError, TypeError, KeyError) as exc:
-                raise CapiApiError("cannot use kubeconfig %s%s: %s" % (
-                    path, " (context %s)" % context if context else "", str(exc).splitlines()[0]))
-            except Exception as exc:  # yaml errors and the like
-                raise CapiApiError("cannot read kubeconfig %s: %s" % (path, str(exc).splitlines()[0]))
-        elif kubeconfig:
-            raise CapiApiError("kubeconfig %s does not exist" % kubeconfig)
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            try:
-                k8s_config.load_incluster_config(client_configuration=configuration)
-            except ConfigException as exc:
-                raise CapiApiError("cannot use the in-cluster service account: %s" % exc)
-        else:
-            raise CapiApiError("no Kubernetes API to talk to: set host (K8S_AUTH_HOST) or kubeconfig "
-                               "(K8S_AUTH_KUBECONFIG), or provide ~/.kube/config")
-    else:
-        configuration.host = host.rstrip("/")
-    if api_key:
-        configuration.api_key = {"authorization": "Bearer %s" % api_key}
-    if validate_certs is not None:
-        configuration.verify_ssl = bool(validate_certs)
-    if ca_cert:
-        configuration.ssl_ca_cert = ca_cert
-    if client_cert:
-        configuration.cert_file = client_cert
-    if client_key:
-        configuration.key_file = client_key
-    if proxy:
-        configuration.proxy = proxy
-    for path in (configuration.ssl_ca_cert if ca_cert else None, client_cert, client_key):
+    if not HAS_K8S_CORE:
+        raise CapiApiError("the kubernetes.core collection is required (it comes with the ansible package)")
+    auth = _create_auth_spec(**{k: v for k, v in options.items() if k in AUTH_OPTIONS})
+    if isinstance(auth.get("api_key"), str):
+        # a token read with $(cat file) or from a Secret often ends in a newline
+        auth["api_key"] = auth["api_key"].strip()
+    secrets = [auth.get("api_key"), auth.get("password")]
+    for path in (auth.get("ssl_ca_cert"), auth.get("cert_file"), auth.get("key_file")):
         if path and not os.path.exists(path):
             raise CapiApiError("certificate file %s does not exist" % path)
-    return configuration
+    has_credentials = auth.get("host") and (auth.get("api_key") or auth.get("cert_file")
+                                            or (auth.get("username") and auth.get("password")))
+    paths = [] if has_credentials else _kubeconfig_paths(auth)
+    named = [(p, origin) for p, origin in paths if origin]
+    if named and not any(os.path.exists(p) for p, _ in named):
+        raise CapiApiError("kubeconfig %s%s does not exist" % (
+            ", ".join(p for p, _ in named), " (from $KUBECONFIG)" if named[0][1] == "$KUBECONFIG" else ""))
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if not has_credentials and not named and not in_cluster and not any(os.path.exists(p) for p, _ in paths):
+        if not auth.get("host"):
+            raise CapiApiError("no Kubernetes API to talk to: set host (K8S_AUTH_HOST) or kubeconfig "
+                               "(K8S_AUTH_KUBECONFIG or $KUBECONFIG), or provide ~/.kube/config")
+        configuration = k8s_client.Configuration()  # an explicit host alone: anonymous requests
+        configuration.host = auth["host"].rstrip("/")
+        for key in ("verify_ssl", "ssl_ca_cert", "proxy", "no_proxy"):
+            if auth.get(key) is not None:
+                setattr(configuration, key, auth[key])
+    else:
+        where = "(given as a dict)" if isinstance(auth.get("kubeconfig"), dict) else \
+            ", ".join(p for p, _ in paths) or "(in-cluster)"
+        try:
+            configuration = _create_configuration(auth)
+        except (ConfigException, ValueError, TypeError, KeyError) as exc:
+            raise CapiApiError("cannot use kubeconfig %s%s: %s" % (
+                where, " (context %s)" % auth["context"] if auth.get("context") else "",
+                scrub(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, secrets)))
+        except Exception as exc:  # yaml errors and the like
+            raise CapiApiError("cannot read kubeconfig %s: %s" % (where, scrub(str(exc).splitlines()[0], secrets)))
+    return configuration, _create_headers(**{k: v for k, v in options.items() if k in AUTH_OPTIONS})
 
 
 class CapiReader:
     """Discovery and paginated lists over one connection pool."""
 
-    def __init__(self, configuration, page_size=500, timeout=60):
+    def __init__(self, configuration, page_size=500, timeout=60, headers=None):
         self.configuration = configuration
+        self.extra_headers = dict(headers or {})
         self.host = configuration.host
         self.page_size = page_size
         self.timeout = timeout
         try:
             self.api_client = k8s_client.ApiClient(configuration)
         except Exception as exc:  # bad certificate files and the like
-            raise CapiApiError("cannot set up a client for %s: %s" % (self.host, exc))
+            raise CapiApiError("cannot set up a client for %s: %s" % (self.host, scrub(exc, self._secrets())))
         self.pool = self.api_client.rest_client.pool_manager
         self.requests = 0
 
@@ -124,8 +168,15 @@ class CapiReader:
         except Exception:  # pragma: no cover - best effort
             pass
 
+    def _secrets(self):
+        key = (self.configuration.api_key or {}).get("authorization", "")
+        return [key, key.split(" ", 1)[-1], self.configuration.password]
+
     def _headers(self):
-        headers = {"Accept": "application/json", "User-Agent": "converged.hpc/capi_machines"}
+        headers = HTTPHeaderDict({"Accept": "application/json", "User-Agent": "converged.hpc/capi_machines"})
+        for name, value in self.extra_headers.items():  # impersonation: one header line per group
+            for one in value if isinstance(value, list) else [value]:
+                headers.add(name, one)
         for setting in self.configuration.auth_settings().values():
             if setting.get("in") == "header" and setting.get("value"):
                 headers[setting["key"]] = setting["value"]
@@ -138,9 +189,14 @@ class CapiReader:
         try:
             resp = self.pool.request("GET", url, headers=self._headers(), preload_content=True,
                                      timeout=self.timeout, retries=False)
-        except Exception as exc:  # urllib3 errors: refused, DNS, TLS, timeout
+        except Exception as exc:  # urllib3 errors: refused, DNS, TLS, timeout, bad header values
             reason = getattr(exc, "reason", None) or exc
-            raise CapiApiError("cannot reach the Kubernetes API at %s: %s" % (self.host, reason))
+            text = scrub(reason, self._secrets())
+            if "CERTIFICATE_VERIFY_FAILED" in text or "SSLCertVerificationError" in text or "certificate verify" in text:
+                raise CapiApiError("TLS verification of the Kubernetes API at %s failed (ca_cert / "
+                                   "K8S_AUTH_SSL_CA_CERT, or the kubeconfig's certificate-authority): %s"
+                                   % (self.host, text))
+            raise CapiApiError("cannot reach the Kubernetes API at %s: %s" % (self.host, text))
         return resp.status, resp.data
 
     def _fail(self, status, body, what):

@@ -196,3 +196,46 @@ def test_token_never_in_output(sim, tmp_path):
 def test_unknown_file_name_is_not_claimed(tmp_path):
     proc = inventory(tmp_path, {"host": "http://127.0.0.1:1"}, name="other.yml")
     assert "converged.hpc.capi_machines" not in proc.stdout
+
+
+# ----------------------------------------------------------------- connection, as kubernetes.core
+def _kubeconfig(path, server, token, name="mgmt"):
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": name,
+        "clusters": [{"name": name, "cluster": {"server": server}}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}]}))
+    return path
+
+
+def test_token_with_a_trailing_newline_works_and_is_never_printed(sim, tmp_path):
+    data = listing(inventory(tmp_path, {}, env={"K8S_AUTH_HOST": sim.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN + "\n"}))
+    assert len(data["controller"]["hosts"]) == 2
+    # a token no HTTP library accepts: the error names the problem, not the token
+    bad = "s3cr3t-t0ken\nX-Injected: 1"
+    proc = inventory(tmp_path, {}, env={"K8S_AUTH_HOST": sim.url, "K8S_AUTH_API_KEY": bad},
+                     extra_args=("--list", "-vvv"))
+    assert proc.returncode != 0
+    assert "s3cr3t-t0ken" not in proc.stdout + proc.stderr
+
+
+def test_kubeconfig_environment_missing_file_is_named(tmp_path):
+    missing = tmp_path / "nowhere.yaml"
+    line = error_line(inventory(tmp_path, {}, env={"KUBECONFIG": str(missing)}))
+    assert "kubeconfig %s (from $KUBECONFIG) does not exist" % missing in line
+
+
+def test_kubeconfig_environment_with_several_files_is_merged(sim, tmp_path):
+    # as kubectl: the first file sets the current context, the second holds it
+    first = tmp_path / "first.yaml"
+    first.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": "mgmt"}))
+    second = _kubeconfig(tmp_path / "second.yaml", sim.url, ADMIN_TOKEN)
+    data = listing(inventory(tmp_path, {}, env={"KUBECONFIG": "%s:%s" % (first, second)}))
+    assert len(data["controller"]["hosts"]) == 2
+
+
+def test_kubeconfig_option_with_several_files(sim, tmp_path):
+    other = _kubeconfig(tmp_path / "other.yaml", "http://127.0.0.1:1", "unused", name="other")
+    mine = _kubeconfig(tmp_path / "mine.yaml", sim.url, ADMIN_TOKEN)
+    data = listing(inventory(tmp_path, {"kubeconfig": "%s:%s" % (other, mine), "context": "mgmt"}))
+    assert len(data["controller"]["hosts"]) == 2

@@ -1,0 +1,230 @@
+# -*- coding: utf-8 -*-
+# Copyright: converged.hpc contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The contract from Cluster API node types to Slurm, applied to an inventory."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+name: contract
+short_description: Sort inventory hosts into the collection's groups by the node-type contract
+version_added: 0.2.0
+author: converged.hpc contributors (@converged-hpc)
+description:
+  - Reads each host's node type (C(converged_node_type) when set, else C(<capi_var>.node_type) from
+    the converged.hpc.capi_machines inventory, else the name of the node-type group the host is in, for
+    static inventories) and returns what the contract (C(converged_node_types)) makes of it - the
+    collection's groups, the host's Slurm node name and nodeset - or the errors that stop a run.
+  - The role's C(tasks/contract.yml) turns the result into groups with C(ansible.builtin.add_host),
+    before any change. See docs/contract.md.
+positional: groups, node_types, partitions
+options:
+  _input:
+    description: C(hostvars).
+    type: raw
+    required: true
+  groups:
+    description: C(groups).
+    type: dict
+    required: true
+  node_types:
+    description: The contract, C(converged_node_types).
+    type: dict
+    required: true
+  partitions:
+    description: C(converged_partitions).
+    type: list
+    elements: dict
+    required: true
+  cluster:
+    description:
+      - The Cluster API cluster to take hosts from (C(converged_cluster)). Empty means the cluster of the
+        O(play_hosts), which must be one; hosts without a cluster (static inventories) are always taken.
+    type: str
+    default: ""
+  play_hosts:
+    description: The hosts of the play (C(ansible_play_hosts_all)), after C(--limit).
+    type: list
+    elements: str
+    default: []
+  capi_var:
+    description: The inventory plugin's O(converged.hpc.capi_machines#inventory:hostvar_name).
+    type: str
+    default: capi
+"""
+
+EXAMPLES = r"""
+contract: >-
+  {{ hostvars | converged.hpc.contract(groups, converged_node_types, converged_partitions,
+                                       cluster='hpc') }}
+"""
+
+RETURN = r"""
+_value:
+  description: C(errors) (a list of sentences), C(hosts) (name, groups, vars of each Slurm host),
+    C(nodesets) (name, feature, partitions), C(ignored) (hosts of node types the contract does not know).
+  type: dict
+"""
+
+import re
+
+from ansible.errors import AnsibleFilterError
+
+ROLES = ("controller", "compute", "login")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+GROUP = "converged_%s"  # converged_controller, converged_compute, converged_login
+LEAVING = "converged_leaving"
+ALL = "converged_slurm"
+
+
+def _plain(value):
+    return value if isinstance(value, dict) else {}
+
+
+def check_contract(node_types, partitions):
+    """Sentences naming every inconsistency of the contract itself."""
+    errors = []
+    if not isinstance(node_types, dict) or not node_types:
+        return ["converged_node_types is empty: the contract must name at least the controller node type"]
+    defined = [p.get("name") for p in partitions or []]
+    for name in defined:
+        if not isinstance(name, str) or not _SLURM_NAME.match(name):
+            errors.append("converged_partitions: %r is not a valid Slurm partition name" % (name,))
+    dupes = sorted({n for n in defined if defined.count(n) > 1})
+    if dupes:
+        errors.append("converged_partitions defines %s more than once" % ", ".join(dupes))
+    defaults = [p.get("name") for p in partitions or [] if p.get("default")]
+    if len(defaults) > 1:
+        errors.append("more than one default partition: %s" % ", ".join(defaults))
+    used, nodesets = set(), {}
+    for node_type, spec in sorted(node_types.items()):
+        spec = _plain(spec)
+        role = spec.get("role")
+        if role not in ROLES:
+            errors.append("node type %s: role %r is not one of %s" % (node_type, role, ", ".join(ROLES)))
+            continue
+        if not _SLURM_NAME.match(node_type):
+            errors.append("node type %r is not a valid Slurm feature name" % node_type)
+        if role != "compute":
+            if spec.get("nodeset") or spec.get("partitions"):
+                errors.append("node type %s (role %s) names a nodeset or partitions: only compute node types "
+                              "become Slurm nodes" % (node_type, role))
+            continue
+        nodeset = spec.get("nodeset")
+        parts = spec.get("partitions") or []
+        if not nodeset:
+            errors.append("node type %s (role compute) maps to no Slurm nodeset: set "
+                          "converged_node_types.%s.nodeset" % (node_type, node_type))
+        elif not _SLURM_NAME.match(str(nodeset)):
+            errors.append("node type %s: nodeset %r is not a valid Slurm name" % (node_type, nodeset))
+        elif nodeset in nodesets:
+            errors.append("nodeset %s is fed by two node types (%s and %s): give each its own"
+                          % (nodeset, nodesets[nodeset], node_type))
+        else:
+            nodesets[nodeset] = node_type
+        if not parts:
+            errors.append("node type %s (role compute) is in no partition: set converged_node_types.%s.partitions"
+                          % (node_type, node_type))
+        missing = [p for p in parts if p not in defined]
+        if missing:
+            errors.append("node type %s names partition(s) %s that converged_partitions does not define "
+                          "(defined: %s)" % (node_type, ", ".join(missing), ", ".join(defined) or "none"))
+        used.update(parts)
+    if not any(_plain(s).get("role") == "controller" for s in node_types.values()):
+        errors.append("no node type has role controller: the contract needs one")
+    empty = [p for p in defined if p not in used]
+    if empty:
+        errors.append("partition(s) %s hold no nodeset: no node type names them in its partitions"
+                      % ", ".join(empty))
+    return errors
+
+
+def nodesets(node_types):
+    """NodeSet lines: each compute node type's nodeset, selecting nodes by the node type as Feature."""
+    out = []
+    for node_type, spec in sorted(node_types.items()):
+        spec = _plain(spec)
+        if spec.get("role") == "compute" and spec.get("nodeset"):
+            out.append({"name": spec["nodeset"], "feature": node_type, "node_type": node_type,
+                        "partitions": list(spec.get("partitions") or [])})
+    return out
+
+
+def _node_type(name, hv, groups, node_types, capi_var):
+    explicit = hv.get("converged_node_type")
+    if explicit:
+        return explicit
+    capi = hv.get(capi_var)
+    if isinstance(capi, dict) and capi.get("node_type"):
+        return capi["node_type"]
+    for node_type in sorted(node_types):
+        if name in (groups.get(node_type) or ()):
+            return node_type
+    return None
+
+
+def _cluster_of(hostvars, name, capi_var):
+    capi = hostvars[name].get(capi_var)
+    return capi.get("cluster") if isinstance(capi, dict) else None
+
+
+def contract(hostvars, groups, node_types, partitions, cluster="", play_hosts=None, capi_var="capi"):
+    """Apply the contract to every inventory host; see DOCUMENTATION."""
+    if not isinstance(groups, dict):
+        raise AnsibleFilterError("contract: groups must be a dict")
+    node_types = node_types or {}
+    errors = check_contract(node_types, partitions)
+    if cluster:
+        clusters = [cluster]
+    else:
+        clusters = sorted({c for c in (_cluster_of(hostvars, h, capi_var) for h in play_hosts or ()) if c})
+        if len(clusters) > 1:
+            errors.append("the hosts of this run belong to %d Cluster API clusters (%s): converge one at a time, "
+                          "with --limit capi_cluster_<name> or -e converged_cluster=<name>"
+                          % (len(clusters), ", ".join(clusters)))
+    result = {"errors": errors, "hosts": [], "nodesets": nodesets(node_types), "ignored": [], "clusters": clusters}
+    names = {}
+    for name in groups.get("all") or ():
+        hv = hostvars[name]
+        capi = hv.get(capi_var)
+        capi = capi if isinstance(capi, dict) else {}
+        if clusters and capi.get("cluster") and capi.get("cluster") not in clusters:
+            continue
+        node_type = _node_type(name, hv, groups, node_types, capi_var)
+        if node_type is None:
+            continue
+        spec = _plain(node_types.get(node_type))
+        if not spec:
+            result["ignored"].append("%s (node type %s)" % (name, node_type))
+            continue
+        role = spec.get("role")
+        node_name = hv.get("converged_slurm_node_name") or capi.get("hostname") or name.split(".")[0]
+        if not _SLURM_NAME.match(str(node_name)):
+            errors.append("host %s: Slurm node name %r is not valid" % (name, node_name))
+        if str(node_name) in names:
+            errors.append("hosts %s and %s would both be Slurm node %s" % (names[str(node_name)], name, node_name))
+        names[str(node_name)] = name
+        leaving = bool(capi.get("deleting"))
+        # a leaving host is in no group that converges: only scale-down and reconcile touch it
+        host_groups = [LEAVING, "%s_%s" % (LEAVING, role)] if leaving else [GROUP % role, ALL]
+        host_vars = {"converged_node_type": node_type, "converged_role": role,
+                     "converged_slurm_node_name": str(node_name)}
+        if role == "compute":
+            host_vars["converged_slurm_nodeset"] = spec.get("nodeset")
+        result["hosts"].append({"name": name, "groups": host_groups, "vars": host_vars})
+    return result
+
+
+def partitions_with_nodes(node_types, partitions):
+    """converged_partitions, each with the nodesets the contract puts in it."""
+    sets = nodesets(node_types or {})
+    return [dict(p, nodesets=[s["name"] for s in sets if p.get("name") in s["partitions"]])
+            for p in partitions or []]
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"contract": contract, "contract_nodesets": nodesets,
+                "contract_partitions": partitions_with_nodes}

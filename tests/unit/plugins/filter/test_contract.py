@@ -1,0 +1,119 @@
+"""The node-type contract applied to inventories: groups, Slurm names, and every error named."""
+
+import copy
+
+import pytest
+
+from ansible_collections.converged.hpc.plugins.filter.contract import (
+    check_contract,
+    contract,
+    nodesets,
+    partitions_with_nodes,
+)
+
+NODE_TYPES = {
+    "controller": {"role": "controller"},
+    "compute": {"role": "compute", "nodeset": "computeset", "partitions": ["compute"]},
+    "login": {"role": "login"},
+}
+PARTITIONS = [{"name": "compute", "default": True}]
+
+
+def capi(node_type, cluster="a", hostname=None, deleting=False):
+    return {"capi": {"node_type": node_type, "cluster": cluster, "hostname": hostname, "deleting": deleting}}
+
+
+def run(hostvars, groups=None, node_types=NODE_TYPES, partitions=PARTITIONS, **kw):
+    groups = dict(groups or {})
+    groups.setdefault("all", list(hostvars))
+    return contract(hostvars, groups, node_types, partitions, **kw)
+
+
+def by_name(result):
+    return {h["name"]: h for h in result["hosts"]}
+
+
+def test_capi_hosts_grouped_by_role_whatever_the_group_prefix():
+    hv = {"slurm-ctl": capi("controller"), "m-cn-1": capi("compute", hostname="cn-1"), "m-login": capi("login")}
+    res = run(hv, {"slurm_controller": ["slurm-ctl"], "slurm_compute": ["m-cn-1"]})
+    assert res["errors"] == []
+    hosts = by_name(res)
+    assert hosts["slurm-ctl"]["groups"] == ["converged_controller", "converged_slurm"]
+    assert hosts["m-cn-1"]["groups"] == ["converged_compute", "converged_slurm"]
+    assert hosts["m-login"]["groups"] == ["converged_login", "converged_slurm"]
+    # the Slurm node name is the Metal3 host's hostname; the nodeset comes from the node type
+    assert hosts["m-cn-1"]["vars"] == {"converged_node_type": "compute", "converged_role": "compute",
+                                       "converged_slurm_node_name": "cn-1", "converged_slurm_nodeset": "computeset"}
+
+
+def test_static_inventory_by_group_name_and_short_names():
+    hv = {"ctl-01": {}, "cn-01.example.org": {}, "st-01": {}}
+    res = run(hv, {"controller": ["ctl-01"], "compute": ["cn-01.example.org"], "storage": ["st-01"]})
+    hosts = by_name(res)
+    assert set(hosts) == {"ctl-01", "cn-01.example.org"}  # st-01 has no node type of the contract
+    assert hosts["cn-01.example.org"]["vars"]["converged_slurm_node_name"] == "cn-01"
+
+
+def test_an_explicit_node_type_and_node_name_win():
+    hv = {"x": dict(capi("compute"), converged_node_type="login"),
+          "y": dict(capi("compute"), converged_slurm_node_name="gpu-07")}
+    hosts = by_name(run(hv))
+    assert hosts["x"]["groups"][0] == "converged_login"
+    assert hosts["y"]["vars"]["converged_slurm_node_name"] == "gpu-07"
+
+
+def test_leaving_hosts_are_only_in_the_leaving_groups():
+    hosts = by_name(run({"cn": capi("compute", deleting=True), "ctl": capi("controller", deleting=True)}))
+    assert hosts["cn"]["groups"] == ["converged_leaving", "converged_leaving_compute"]
+    assert hosts["ctl"]["groups"] == ["converged_leaving", "converged_leaving_controller"]
+
+
+def test_node_types_outside_the_contract_are_reported_not_converged():
+    res = run({"s": capi("storage"), "c": capi("controller")})
+    assert [h["name"] for h in res["hosts"]] == ["c"]
+    assert res["ignored"] == ["s (node type storage)"]
+
+
+def test_one_cluster_at_a_time():
+    hv = {"a-ctl": capi("controller", "a"), "b-ctl": capi("controller", "b"), "b-cn": capi("compute", "b")}
+    res = run(hv, play_hosts=list(hv))
+    assert any("belong to 2 Cluster API clusters (a, b)" in e for e in res["errors"])
+    # --limit capi_cluster_b: only b's hosts, and a new b host still finds its controller
+    res = run(hv, play_hosts=["b-cn"])
+    assert res["errors"] == [] and res["clusters"] == ["b"]
+    assert sorted(h["name"] for h in res["hosts"]) == ["b-cn", "b-ctl"]
+    res = run(hv, cluster="a", play_hosts=list(hv))
+    assert [h["name"] for h in res["hosts"]] == ["a-ctl"]
+
+
+def test_two_hosts_with_one_slurm_name_fail():
+    res = run({"m1": capi("compute", hostname="cn-1"), "m2": capi("compute", hostname="cn-1")})
+    assert any("m1 and m2 would both be Slurm node cn-1" in e for e in res["errors"])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t, p: t["compute"].pop("nodeset"), "node type compute (role compute) maps to no Slurm nodeset"),
+    (lambda t, p: t["compute"].update(partitions=[]), "node type compute (role compute) is in no partition"),
+    (lambda t, p: t["compute"].update(partitions=["batch"]),
+     "node type compute names partition(s) batch that converged_partitions does not define"),
+    (lambda t, p: p.append({"name": "batch"}), "partition(s) batch hold no nodeset"),
+    (lambda t, p: t.update(gpu={"role": "compute", "nodeset": "computeset", "partitions": ["compute"]}),
+     "nodeset computeset is fed by two node types (compute and gpu)"),
+    (lambda t, p: t.update(gpu={"role": "accelerator"}), "node type gpu: role 'accelerator' is not one of"),
+    (lambda t, p: t.pop("controller"), "no node type has role controller"),
+    (lambda t, p: t["login"].update(nodeset="loginset"), "node type login (role login) names a nodeset"),
+    (lambda t, p: p.append({"name": "compute"}), "converged_partitions defines compute more than once"),
+    (lambda t, p: p.append({"name": "bad name", "default": True}), "'bad name' is not a valid Slurm partition"),
+])
+def test_contract_errors_name_what_is_wrong(change, message):
+    types, parts = copy.deepcopy(NODE_TYPES), copy.deepcopy(PARTITIONS)
+    change(types, parts)
+    errors = check_contract(types, parts)
+    assert any(message in e for e in errors), errors
+
+
+def test_nodesets_and_partitions_come_from_the_node_types():
+    types = dict(NODE_TYPES, gpu={"role": "compute", "nodeset": "gpuset", "partitions": ["gpu", "compute"]})
+    assert [(n["name"], n["feature"]) for n in nodesets(types)] == [("computeset", "compute"), ("gpuset", "gpu")]
+    parts = partitions_with_nodes(types, PARTITIONS + [{"name": "gpu"}])
+    assert [(p["name"], p["nodesets"]) for p in parts] == [("compute", ["computeset", "gpuset"]), ("gpu", ["gpuset"])]
