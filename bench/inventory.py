@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark: converged.hpc.capi_machines for 100, 1,000 and 10,000 Machines.
 
 For each size the simulator (on loopback) serves that many Machines, each with
@@ -19,7 +18,6 @@ import copy
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -49,9 +47,9 @@ def templates():
 
 def populate(store, n):
     machine, m3m, bmh = templates()
-    res = {k: store.kinds[k] for k in [("cluster.x-k8s.io", "Machine"),
-                                      ("infrastructure.cluster.x-k8s.io", "Metal3Machine"),
-                                      ("metal3.io", "BareMetalHost")]}
+    kinds = [("cluster.x-k8s.io", "Machine"), ("infrastructure.cluster.x-k8s.io", "Metal3Machine"),
+             ("metal3.io", "BareMetalHost")]
+    res = {k: store.kinds[k] for k in kinds}
     store.load([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "scale"}}])
     for i in range(n):
         name, host = "hpc-compute-%05d" % i, "hpc-cn-%05d" % i
@@ -143,7 +141,7 @@ def main():
             build(cached_src, cache=False)  # fills the cache (not timed)
             builds, fetches, cached = [], [], []
             hosts = 0
-            for _ in range(args.repeat):
+            for dummy in range(args.repeat):
                 t = time.perf_counter()
                 assert fetch_only(sim.url, args.page_size) == 3 * n
                 fetches.append(time.perf_counter() - t)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Write the Cluster API + Metal3 objects that describe the lab's machines.
 
 Input: the lab's machines.tsv (name, address, node type). Output: one YAML
@@ -8,6 +7,10 @@ Provisioned: a Slurm host never becomes a Kubernetes Node), its Metal3Machine
 and its BareMetalHost with the hardware the lab declares.
 
     lab/capi_objects.py MACHINES_TSV OUT_YAML --cluster lab --cpus 2 --ram-mib 2000
+
+With --clusters N > 1 the machines are dealt in turn into N Cluster API clusters
+named <cluster>-1 ... <cluster>-N (the first controller to the first cluster, the
+second to the second...), each with its own MachineDeployments.
 """
 
 import argparse
@@ -32,7 +35,7 @@ def objects(machines, cluster, cpus, ram_mib):
              "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
                                             "kind": "Metal3Cluster", "name": cluster}},
              "status": {"phase": "Provisioned"}}]
-    types = sorted({t for _, _, t in machines})
+    types = sorted({m[2] for m in machines})
     for node_type in types:
         md = "%s-%s" % (cluster, node_type)
         ms = md + "-5d8c7"
@@ -60,7 +63,7 @@ def objects(machines, cluster, cpus, ram_mib):
             "spec": {"clusterName": cluster, "replicas": len(members),
                      "selector": {"matchLabels": dict(selector, **{"cluster.x-k8s.io/set-name": ms})}},
             "status": {"replicas": len(members)}})
-        for name, address, _ in members:
+        for name, address, dummy in members:
             docs.extend(machine_objects(cluster, md, ms, node_type, name, address, cpus, ram_mib))
     return docs
 
@@ -105,13 +108,23 @@ def main():
     ap.add_argument("machines")
     ap.add_argument("out")
     ap.add_argument("--cluster", default="lab")
+    ap.add_argument("--clusters", type=int, default=1, help="deal the machines into this many clusters")
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--ram-mib", type=int, default=2000)
     ap.add_argument("--munge-key-file", help="also serve this munge key as Secret metal3/munge-key")
     args = ap.parse_args()
     with open(args.machines) as fh:
         machines = [tuple(line.split()) for line in fh if line.strip()]
-    docs = objects(machines, args.cluster, args.cpus, args.ram_mib)
+    if args.clusters == 1:
+        docs = objects(machines, args.cluster, args.cpus, args.ram_mib)
+    else:
+        docs = []
+        for index in range(args.clusters):
+            share = []
+            for node_type in sorted({m[2] for m in machines}):
+                of_type = [m for m in machines if m[2] == node_type]
+                share.extend(of_type[index::args.clusters])
+            docs.extend(objects(share, "%s-%d" % (args.cluster, index + 1), args.cpus, args.ram_mib))
     if args.munge_key_file:
         with open(args.munge_key_file, "rb") as fh:
             docs.insert(0, {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",

@@ -83,6 +83,8 @@ validate_conf() {
     || die "LAB_MUNGE_KEY_SOURCE='$LAB_MUNGE_KEY_SOURCE' is not secret or generate"
   [[ "$LAB_DIRECTORY" == 0 || "$LAB_DIRECTORY" == 1 ]] \
     || die "LAB_DIRECTORY='$LAB_DIRECTORY' is not 0 or 1"
+  [[ "$LAB_CLUSTERS" =~ ^[1-9]$ && "$LAB_CLUSTERS" -le "$(( LAB_CONTROLLERS > 0 ? LAB_CONTROLLERS : 1 ))" ]] \
+    || die "LAB_CLUSTERS='$LAB_CLUSTERS' must be 1-9 and at most LAB_CONTROLLERS ($LAB_CONTROLLERS): one controller each"
 }
 
 cmd_deps() {
@@ -173,6 +175,14 @@ cmd_image() {
   fi
   "build_$flavour"
   say "image $(image_name "$flavour") ready"
+}
+
+# The Cluster API clusters the lab's machines are split into (LAB_CLUSTERS): the lab's
+# name alone, or <name>-1, <name>-2... (lab/capi_objects.py deals machines out in turn).
+lab_clusters() {
+  local i
+  if (( LAB_CLUSTERS == 1 )); then echo "$LAB_NAME"; return; fi
+  for ((i = 1; i <= LAB_CLUSTERS; i++)); do echo "$LAB_NAME-$i"; done
 }
 
 # The lab's directory machine (not a Cluster API Machine: sites bring their own directory).
@@ -403,6 +413,7 @@ cmd_machine_remove() {
 # The lab's management cluster: capisim serving Cluster API + Metal3 objects for
 # the lab's machines, a kubeconfig for it, and the CAPI inventory source.
 cmd_sim() {
+  validate_conf
   [[ -f "$STATE/machines.tsv" ]] || die "no lab machines: run 'make lab' first"
   local dir="$STATE/capi"
   mkdir -p "$dir" "$STATE/logs"; chmod 0700 "$dir"
@@ -410,11 +421,12 @@ cmd_sim() {
   # The cluster's munge key lives in the management cluster, as a Secret.
   [[ -f "$dir/munge.key" ]] || (umask 077; head -c 1024 /dev/urandom >"$dir/munge.key")
   (umask 077; python3 "$LAB_DIR/capi_objects.py" "$STATE/machines.tsv" "$dir/objects.yaml" \
-    --cluster "$LAB_NAME" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB" --munge-key-file "$dir/munge.key")
+    --cluster "$LAB_NAME" --clusters "$LAB_CLUSTERS" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB" \
+    --munge-key-file "$dir/munge.key")
   cmd_sim_stop quiet
   # The simulator's CAPI controller boots and removes lab machines with this script.
   export LAB_NAME LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_SUBNET_PREFIX LAB_CPUS LAB_RAM_MIB LAB_STATE \
-    LAB_MUNGE_KEY_SOURCE \
+    LAB_MUNGE_KEY_SOURCE LAB_CLUSTERS \
     LAB_API_PORT="$API_PORT"
   PYTHONPATH="$LAB_DIR" nohup python3 -m capisim --bind 127.0.0.1 --port "$API_PORT" \
     --objects "$dir/objects.yaml" --token-file "$dir/token" --pid-file "$dir/sim.pid" \
@@ -454,47 +466,17 @@ EOF
 plugin: converged.hpc.capi_machines
 kubeconfig: $dir/kubeconfig
 namespaces: [metal3]
-clusters: [$LAB_NAME]
+clusters: [$(lab_clusters | paste -sd, - | sed 's/,/, /g')]
 EOF
-  mkdir -p "$STATE/group_vars"
-  cat >"$STATE/group_vars/all.yml" <<EOF
-# Written by lab/lab.sh: how Ansible reaches the lab machines (real SSH).
-ansible_user: $SSH_USER
-ansible_become: true
-ansible_ssh_private_key_file: $STATE/ssh/id_ed25519
-ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR
-# The munge key: from the management cluster (Secret metal3/munge-key) or generated
-# on the first controller (LAB_MUNGE_KEY_SOURCE=generate).
-munge_key_source: $LAB_MUNGE_KEY_SOURCE
-munge_key_secret_namespace: metal3
-munge_key_secret_kubeconfig: $dir/kubeconfig
-slurm_controller_cluster_name: $LAB_NAME
-# scale_up.yml / scale_down.yml talk to the management cluster with this.
-converged_capi_kubeconfig: $dir/kubeconfig
-# Shared storage: this kernel has no NFS at all, so nfs-ganesha (userspace) serves
-# from the controller's volume, graceless, and compute nodes only get fstab entries.
-nfs_server_backend: ganesha
-nfs_server_ganesha_grace_period: 0
-nfs_server_exports:
-  - {path: /srv/shared/home, clients: "$LAB_SUBNET_PREFIX.0/24", options: [rw, sync, no_subtree_check, no_root_squash]}
-  - {path: /srv/shared/slurm-state, clients: "$LAB_SUBNET_PREFIX.0/24", options: [rw, sync, no_subtree_check, no_root_squash]}
-nfs_client_state: present
-nfs_client_slurmd_dependency: wants
-nfs_client_mounts:
-  - {src: /srv/shared/home, path: /home, opts: [rw, hard, noatime, _netdev, vers=4.2]}
-EOF
-  if [[ "$LAB_DIRECTORY" == 1 && -f "$STATE/directory/ca.crt" ]]; then
-    cat >>"$STATE/group_vars/all.yml" <<EOF
-# Identities from the lab directory over ldaps://, checked against the lab CA; the
-# bind password is read from a 0600 file, never written here.
-sssd_ldap_uri: [ldaps://${LAB_NAME}-dir]
-sssd_ldap_search_base: dc=hpc,dc=lab
-sssd_ldap_bind_dn: cn=sssd,ou=services,dc=hpc,dc=lab
-sssd_ldap_bind_password: "{{ lookup('ansible.builtin.file', '$STATE/directory/bind.pw') }}"
-sssd_ldap_tls_cacert_src: $STATE/directory/ca.crt
-sssd_verify_user: alice
-EOF
-  fi
+  # The roles' lab settings are a checked-in file (lab/group_vars/all.yml); only the
+  # facts of this running lab are written here.
+  rm -rf "$STATE/group_vars"; mkdir -p "$STATE/group_vars/all"
+  ln -s "$LAB_DIR/group_vars/all.yml" "$STATE/group_vars/all/settings.yml"
+  local directory=false
+  [[ "$LAB_DIRECTORY" == 1 && -f "$STATE/directory/ca.crt" ]] && directory=true
+  printf '%s\n' "# Written by lab/lab.sh: the running lab's facts (lab/group_vars/all.yml uses them)." \
+    "lab_name: $LAB_NAME" "lab_state: $STATE" "lab_subnet: $LAB_SUBNET_PREFIX.0/24" \
+    "lab_munge_key_source: $LAB_MUNGE_KEY_SOURCE" "lab_directory: $directory" >"$STATE/group_vars/all/lab.yml"
   say "management cluster simulator on http://127.0.0.1:$API_PORT ($(grep -c '^kind: Machine$' \
     "$dir/objects.yaml") Machines); inventory: $LAB_STATE/capi.capi_machines.yml"
 }

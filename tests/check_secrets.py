@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """Fail when a scenario's test secrets appear in its molecule output.
 
 Reads the secret variables (munge_key, *_password, *_token, *_secret) that a
 scenario's molecule.yml gives its inventory, and searches the log for each
 value and, for base64 values, for the decoded bytes in hex and base64 forms.
 
-    tests/check_secrets.py molecule/cluster/molecule.yml .lab/logs/molecule-cluster.log
+    python3 tests/check_secrets.py molecule/cluster/molecule.yml .lab/logs/molecule-cluster.log
 """
 
 import base64

@@ -29,8 +29,13 @@ READONLY_TOKEN = "readonly-token-for-tests"
 @functools.lru_cache(maxsize=None)
 def _parsed(name):
     with open(os.path.join(FIXTURES, name)) as fh:
-        return json.dumps([d for d in yaml.load_all(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-                           if d], default=str)
+        docs = []
+        for doc in yaml.load_all(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+            if doc and doc.get("kind") == "List":
+                docs.extend(doc.get("items") or [])
+            elif doc:
+                docs.append(doc)
+        return json.dumps(docs, default=str)
 
 
 def load_fixture(name):

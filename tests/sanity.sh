@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ansible-test sanity on the collection's plugins. ansible-test needs the tree
+# ansible-test sanity on the whole collection. ansible-test needs the tree
 # at ansible_collections/converged/hpc, so it runs on a copy of the tracked files.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -9,6 +9,12 @@ dest="$work/ansible_collections/converged/hpc"
 mkdir -p "$dest"
 # ansible-test only looks at files git knows; copy tracked + new (not ignored) files.
 (cd "$repo" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$dest")
+# The collections this one builds on (doc fragments, module_utils) next to it, as
+# ansible-test expects: the ones the ansible package installed.
+site="$(python3 -c 'import ansible_collections, os; print(os.path.dirname(ansible_collections.__file__ or list(ansible_collections.__path__)[0]))' 2>/dev/null)"
+for dep in kubernetes; do
+  [[ -d "$site/ansible_collections/$dep" ]] && ln -s "$site/ansible_collections/$dep" "$work/ansible_collections/$dep"
+done
 cd "$dest"
 git init -q && git add -A >/dev/null
 py="$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"

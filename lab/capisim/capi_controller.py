@@ -128,7 +128,7 @@ class CapiController:
         machines = self._machines_of(md)
         live = [m for m in machines if not m["metadata"].get("deletionTimestamp")]
         if len(live) < wanted:
-            for _ in range(wanted - len(live)):
+            for dummy in range(wanted - len(live)):
                 self._create_machine(md)
         elif len(live) > wanted:
             for victim in self._pick_victims(md, live, len(live) - wanted):

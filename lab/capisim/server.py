@@ -122,8 +122,8 @@ class Simulator:
             if res.group != group or version not in res.versions:
                 continue
             entry = {"name": res.plural, "singularName": res.singular, "namespaced": res.namespaced,
-                     "kind": res.kind, "verbs": ["delete", "deletecollection", "get", "list", "patch",
-                                                  "create", "update", "watch"]}
+                     "kind": res.kind,
+                     "verbs": ["delete", "deletecollection", "get", "list", "patch", "create", "update", "watch"]}
             if res.short_names:
                 entry["shortNames"] = list(res.short_names)
             if res.categories:
@@ -278,8 +278,8 @@ class _Handler(BaseHTTPRequestHandler):
             obj = store.create(res, namespace, body or {})
             return self._send(201, served(obj, res, version))
         if not name:
-            raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested "
-                           f"resource", {})
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
+                           "resource", {})
         if sub == "scale":
             return self._scale(method, res, namespace, name)
         if method == "GET":
@@ -316,7 +316,7 @@ class _Handler(BaseHTTPRequestHandler):
             labels, fields
 
     def _list(self, res, version, namespace, query):
-        pred, _, _ = self._predicate(query)
+        pred = self._predicate(query)[0]
         try:
             limit = int(query.get("limit") or 0)
         except ValueError:
@@ -399,7 +399,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _watch(self, res, version, namespace, query):
         import time
         store = self.sim.store
-        pred, _, _ = self._predicate(query)
+        pred = self._predicate(query)[0]
         timeout = float(query.get("timeoutSeconds") or 1800)
         deadline = time.monotonic() + timeout
         rv_param = query.get("resourceVersion")

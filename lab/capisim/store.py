@@ -193,7 +193,7 @@ class Store:
             if predicate is not None and not predicate(obj):
                 continue
             if limit and rv_param != "0" and len(out) == limit:
-                remaining = sum(1 for (n2, _), o2 in snap[i:]
+                remaining = sum(1 for (n2, dummy), o2 in snap[i:]
                                 if (namespace is None or n2 == namespace)
                                 and (predicate is None or predicate(o2)))
                 break
@@ -271,9 +271,9 @@ class Store:
             sent_rv = (body.get("metadata") or {}).get("resourceVersion") if precondition_rv is None \
                 else precondition_rv
             if require_rv and not sent_rv:
-                raise invalid(res, name, res.kind, [{"reason": "FieldValueInvalid",
-                                                    "field": "metadata.resourceVersion",
-                                                    "message": "Invalid value: 0x0: must be specified for an update"}])
+                raise invalid(res, name, res.kind, [{
+                    "reason": "FieldValueInvalid", "field": "metadata.resourceVersion",
+                    "message": "Invalid value: 0x0: must be specified for an update"}])
             if sent_rv and sent_rv != old["metadata"]["resourceVersion"]:
                 raise conflict(res, name)
             if (body.get("metadata") or {}).get("name", name) != name:
@@ -284,9 +284,9 @@ class Store:
                 if new["status"] is None:
                     new.pop("status")
             else:
-                kept = {k: old["metadata"][k] for k in ("uid", "creationTimestamp", "generation",
-                                                         "deletionTimestamp", "deletionGracePeriodSeconds",
-                                                         "namespace", "name") if k in old["metadata"]}
+                kept_keys = ("uid", "creationTimestamp", "generation", "deletionTimestamp",
+                             "deletionGracePeriodSeconds", "namespace", "name")
+                kept = {k: old["metadata"][k] for k in kept_keys if k in old["metadata"]}
                 new = {k: copy.deepcopy(v) for k, v in body.items() if k != "status" or
                        "status" not in res.subresources}
                 if "status" in res.subresources and "status" in old:

@@ -24,8 +24,11 @@ from urllib.parse import urlencode
 
 try:
     from urllib3 import HTTPHeaderDict
-except ImportError:  # pragma: no cover - urllib3 < 2
-    from urllib3._collections import HTTPHeaderDict
+except ImportError:  # pragma: no cover - urllib3 < 2, or no urllib3 (then no kubernetes either)
+    try:
+        from urllib3._collections import HTTPHeaderDict
+    except ImportError:
+        HTTPHeaderDict = dict
 
 try:
     from kubernetes import client as k8s_client
@@ -118,12 +121,12 @@ def build_configuration(**options):
     has_credentials = auth.get("host") and (auth.get("api_key") or auth.get("cert_file")
                                             or (auth.get("username") and auth.get("password")))
     paths = [] if has_credentials else _kubeconfig_paths(auth)
-    named = [(p, origin) for p, origin in paths if origin]
-    if named and not any(os.path.exists(p) for p, _ in named):
+    named = [path for path, origin in paths if origin]
+    if named and not any(os.path.exists(path) for path in named):
         raise CapiApiError("kubeconfig %s%s does not exist" % (
-            ", ".join(p for p, _ in named), " (from $KUBECONFIG)" if named[0][1] == "$KUBECONFIG" else ""))
+            ", ".join(named), " (from $KUBECONFIG)" if paths[0][1] == "$KUBECONFIG" else ""))
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-    if not has_credentials and not named and not in_cluster and not any(os.path.exists(p) for p, _ in paths):
+    if not has_credentials and not named and not in_cluster and not any(os.path.exists(p[0]) for p in paths):
         if not auth.get("host"):
             raise CapiApiError("no Kubernetes API to talk to: set host (K8S_AUTH_HOST) or kubeconfig "
                                "(K8S_AUTH_KUBECONFIG or $KUBECONFIG), or provide ~/.kube/config")
@@ -134,7 +137,7 @@ def build_configuration(**options):
                 setattr(configuration, key, auth[key])
     else:
         where = "(given as a dict)" if isinstance(auth.get("kubeconfig"), dict) else \
-            ", ".join(p for p, _ in paths) or "(in-cluster)"
+            ", ".join(p[0] for p in paths) or "(in-cluster)"
         try:
             configuration = _create_configuration(auth)
         except (ConfigException, ValueError, TypeError, KeyError) as exc:

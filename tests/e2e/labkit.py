@@ -12,10 +12,12 @@ class Lab:
         self.env = dict(os.environ, LAB_NAME=name, LAB_SUBNET_PREFIX=subnet_prefix, LAB_API_PORT=str(api_port),
                         LAB_STATE=state, LAB_FLAVOUR="prebaked", LAB_CONTROLLERS="1",
                         CONTAINERS_CONF=os.path.join(REPO, "lab", "containers.conf"),
-                        ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), **settings)
+                        ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
+        self.env.update(settings)
 
-    def sh(self, *cmd, check=True, timeout=900):
-        proc = subprocess.run(list(cmd), cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
+    def sh(self, *cmd, check=True, timeout=900, input_text=None):
+        proc = subprocess.run(list(cmd), cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout,
+                              input=input_text, check=False)
         if check and proc.returncode != 0:
             raise AssertionError("%s failed (%d):\n%s\n%s" % (" ".join(cmd), proc.returncode,
                                                               proc.stdout[-3000:], proc.stderr[-3000:]))
@@ -24,26 +26,29 @@ class Lab:
     def on(self, machine, command, check=True):
         return self.sh("podman", "exec", machine, "bash", "-c", command, check=check)
 
-    def up(self):
-        """A fresh lab: machines, the simulator, site.yml and validate.yml (the main job)."""
+    def up(self, converge=True):
+        """A fresh lab: machines, the simulator, then (converge) site.yml and validate.yml, the main job."""
         self.sh("lab/lab.sh", "down")
         self.sh("make", "-s", "dev-collection")
         self.sh("lab/lab.sh", "up")
         self.sh("lab/lab.sh", "directory")
         self.sh("lab/lab.sh", "sim")
-        self.sh("lab/lab.sh", "converge")
+        if converge:
+            self.sh("lab/lab.sh", "converge")
 
     def down(self):
         if not os.environ.get("KEEP_LAB"):
             self.sh("lab/lab.sh", "down", check=False)
 
-    def playbook(self, name, *extra_vars):
+    def playbook(self, name, *extra_vars, limit=None):
         args = ["ansible-playbook", "-i", os.path.join(self.state, "capi.capi_machines.yml"),
                 os.path.join("playbooks", name)]
         for ev in extra_vars:
             args += ["-e", ev]
+        if limit:
+            args += ["--limit", limit]
         return self.sh(*args, check=False)
 
 
 def has_podman():
-    return subprocess.run(["which", "podman"], capture_output=True).returncode == 0
+    return subprocess.run(["which", "podman"], capture_output=True, check=False).returncode == 0

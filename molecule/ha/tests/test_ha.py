@@ -18,10 +18,10 @@ TIMINGS = os.path.join(os.environ.get("MOLECULE_PROJECT_DIRECTORY", "."), ".lab"
 
 def on(machine, command, check=True, timeout=120):
     proc = subprocess.run(["podman", "exec", machine, "bash", "-c", command], env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
     if check and proc.returncode != 0:
-        raise AssertionError("%s: %s failed (%d): %s %s" % (machine, command, proc.returncode, proc.stdout,
-                                                             proc.stderr))
+        raise AssertionError("%s: %s failed (%d): %s %s"
+                             % (machine, command, proc.returncode, proc.stdout, proc.stderr))
     return proc
 
 

@@ -140,11 +140,11 @@ def test_deletion_order_newest(world):
     res = store.resource("cluster.x-k8s.io", "machinedeployments")
     md = store.get(res, NS, MD)
     store.update(res, NS, MD, dict(md, spec=dict(md["spec"], deletion={"order": "Newest"})))
-    live = sorted(machines(store, deleting=False), key=lambda m: (m["metadata"]["creationTimestamp"],
-                                                                 m["metadata"]["name"]))
+    live = sorted(machines(store, deleting=False),
+                  key=lambda m: (m["metadata"]["creationTimestamp"], m["metadata"]["name"]))
     scale(store, len(live) - 1)
     ctl.reconcile()
-    requested = [name for _, name, what in ctl.events if what == "deletion requested"]
+    requested = [name for dummy, name, what in ctl.events if what == "deletion requested"]
     assert requested == [live[-1]["metadata"]["name"]]
     # without hooks, CAPI goes straight on: the Machine is gone already
     assert ("metal3", requested[0]) not in store.objects[("cluster.x-k8s.io", "machines")]

@@ -23,10 +23,10 @@ def capi(node_type, cluster="a", hostname=None, deleting=False):
     return {"capi": {"node_type": node_type, "cluster": cluster, "hostname": hostname, "deleting": deleting}}
 
 
-def run(hostvars, groups=None, node_types=NODE_TYPES, partitions=PARTITIONS, **kw):
+def run(hostvars, groups=None, **kw):
     groups = dict(groups or {})
     groups.setdefault("all", list(hostvars))
-    return contract(hostvars, groups, node_types, partitions, **kw)
+    return contract(hostvars, groups, NODE_TYPES, PARTITIONS, **kw)
 
 
 def by_name(result):

@@ -72,7 +72,7 @@ def fake(tmp_path):
                    PYTHONPATH=COLLECTIONS)
         proc = subprocess.run([sys.executable, "-m", "ansible_collections.converged.hpc.plugins.modules.slurm_node"],
                               input=json.dumps({"ANSIBLE_MODULE_ARGS": args}), capture_output=True, text=True,
-                              env=env, cwd=REPO, timeout=60)
+                              env=env, cwd=REPO, timeout=60, check=False)
         out = json.loads(proc.stdout)
         return out, json.loads(state.read_text())
 
@@ -94,7 +94,7 @@ def test_drain_idle_node(fake):
 
 
 def test_drain_is_idempotent(fake):
-    out, _ = fake({"name": "cn1", "state": "drained"}, {"cn1": {"state": "IDLE+DRAIN"}})
+    out = fake({"name": "cn1", "state": "drained"}, {"cn1": {"state": "IDLE+DRAIN"}})[0]
     assert not out["changed"]
 
 
@@ -115,7 +115,7 @@ def test_force_cancels_after_timeout(fake):
 
 
 def test_absent_node_is_ok(fake):
-    out, _ = fake({"name": "gone", "state": "absent"}, IDLE)
+    out = fake({"name": "gone", "state": "absent"}, IDLE)[0]
     assert not out["changed"] and out["before"] == "absent"
 
 
@@ -133,5 +133,5 @@ def test_resume(fake):
                                          ({"name": "cn1", "reason": " "}, "reason must not be empty"),
                                          ({"name": "cn1", "timeout": -1}, "timeout=-1")])
 def test_bad_input(fake, params, text):
-    out, _ = fake(params, IDLE)
+    out = fake(params, IDLE)[0]
     assert out["failed"] and text in out["msg"]
