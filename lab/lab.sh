@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The converged.hpc lab: Debian 12 "bare-metal machines" as systemd containers.
 #
-#   lab/lab.sh deps              install podman, runc, debootstrap (Debian packages)
+#   lab/lab.sh deps              install what is missing: podman, runc, debootstrap (apt), requirements.txt (pip)
 #   lab/lab.sh image [FLAVOUR]   build the stock or prebaked machine image (cached)
 #   lab/lab.sh up                boot the machines of lab.conf (reuses running ones)
 #   lab/lab.sh directory         the LDAP directory (slapd, TLS, test users) and their homes
@@ -202,19 +202,6 @@ wanted_machines() {
   done
 }
 
-# Capabilities by machine role (docs/lab.md says why):
-#   controller: NET_ADMIN+NET_RAW for keepalived's VRRP and VIP, DAC_READ_SEARCH for nfs-ganesha;
-#   compute: privileged, so Slurm's cgroup plugins (production defaults) can run;
-#   directory: SYS_PTRACE so slapd restarts cleanly.
-run_flags_for() {
-  case "$1" in
-    controller) echo "--cap-add NET_ADMIN --cap-add NET_RAW --cap-add DAC_READ_SEARCH -v ${LAB_NAME}-shared:/srv/shared" ;;
-    compute) echo "--privileged" ;;
-    directory) echo "--cap-add SYS_PTRACE" ;;
-    *) echo "" ;;
-  esac
-}
-
 ensure_key() {
   if [[ ! -f "$STATE/ssh/id_ed25519" ]]; then
     mkdir -p "$STATE/ssh"; chmod 0700 "$STATE/ssh"
@@ -235,50 +222,10 @@ ensure_network() {
   fi
 }
 
-# start_machine NAME IP NODE_TYPE
-start_machine() {
-  local name="$1" ip="$2" type="$3" img state flavour
-  img=$(image_name "$LAB_FLAVOUR")
-  if podman container exists "$name"; then
-    flavour=$(podman inspect -f "{{ index .Config.Labels \"converged.hpc.flavour\" }}" "$name")
-    if [[ "$flavour" != "$LAB_FLAVOUR" ]]; then
-      say "$name runs the $flavour image, lab wants $LAB_FLAVOUR: replacing it"
-      podman rm -f "$name" >/dev/null
-    elif [[ "$(podman inspect -f '{{.Image}}' "$name")" != "$(podman image inspect -f '{{.Id}}' "$img")" ]]; then
-      say "$name runs an older build of $img: replacing it"
-      podman rm -f "$name" >/dev/null
-    else
-      state=$(podman inspect -f '{{.State.Status}}' "$name")
-      if [[ "$state" == running ]]; then
-        say "$name already running ($ip), reused"
-      else
-        podman start "$name" >/dev/null; say "$name restarted ($ip)"
-      fi
-      return
-    fi
-  fi
-  # shellcheck disable=SC2046
-  podman run -d --name "$name" --hostname "$name" --network "$NETWORK" --ip "$ip" \
-    --systemd=always --label "$LABEL=$LAB_NAME" --label "converged.hpc.node-type=$type" \
-    --label "converged.hpc.flavour=$LAB_FLAVOUR" \
-    -v "$STATE/ssh/id_ed25519.pub:/home/$SSH_USER/.ssh/authorized_keys:ro" \
-    $(run_flags_for "$type") "$img" /sbin/init >/dev/null
-  say "$name booted ($type, $ip)"
-}
-
-# Ready means: sshd accepts our key AND systemd has finished booting the machine.
-# ssh gets /dev/null as stdin (-n): inside a `while read` loop it would otherwise
-# swallow the list of machines, and only the first one would ever be checked.
-wait_ssh() {
-  local name="$1" ip="$2" deadline=$(( $(date +%s) + 90 )) state
-  until state=$(ssh -n "${SSH_OPTS[@]}" "$SSH_USER@$ip" \
-      'timeout 60 systemctl is-system-running --wait 2>/dev/null || true' 2>/dev/null) \
-      && [[ "$state" == running || "$state" == degraded ]]; do
-    (( $(date +%s) < deadline )) \
-      || die "$name ($ip) was not ready within 90 s (sshd or boot: ${state:-no SSH}; podman logs $name)"
-    sleep 0.5
-  done
-}
+# Machines are booted, checked and removed by lab/machines.py (also the simulator's
+# provisioner): start NAME IP TYPE, ready NAME IP.
+machines() { LAB_NAME="$LAB_NAME" LAB_FLAVOUR="$LAB_FLAVOUR" LAB_SUBNET_PREFIX="$LAB_SUBNET_PREFIX" \
+  LAB_STATE="$LAB_STATE" LAB_CPUS="$LAB_CPUS" LAB_RAM_MIB="$LAB_RAM_MIB" python3 "$LAB_DIR/machines.py" "$@"; }
 
 write_state() {
   local machines="$STATE/machines.tsv"
@@ -352,62 +299,15 @@ cmd_up() {
       podman rm -f "$name" >/dev/null; say "$name removed (not in the lab's size any more)"
     fi
   done
-  while read -r name ip type; do start_machine "$name" "$ip" "$type"; done < <(wanted_machines; directory_machine)
-  SSH_OPTS=(-i "$STATE/ssh/id_ed25519" -o BatchMode=yes -o ConnectTimeout=2
-    -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR)
+  while read -r name ip type; do machines start "$name" "$ip" "$type" </dev/null || die "booting $name failed"
+  done < <(wanted_machines; directory_machine)
   say "waiting until every machine has booted and answers SSH"
   local ready=0
-  while read -r name ip _; do wait_ssh "$name" "$ip"; ready=$((ready + 1)); done < <(wanted_machines; directory_machine)
+  while read -r name ip _; do machines ready "$name" "$ip" </dev/null || exit 1; ready=$((ready + 1))
+  done < <(wanted_machines; directory_machine)
   (( ready == $( { wanted_machines; directory_machine; } | wc -l) )) || die "only $ready machine(s) were checked"
   write_state
   say "$( { wanted_machines; directory_machine; } | wc -l) machines up and reachable over SSH in $(elapsed "$t_boot") s (inventory: $LAB_STATE/hosts.yml)"
-}
-
-# Cluster API's provisioner in the lab (called by the simulator's CAPI controller):
-#   machine-add MACHINE NODE_TYPE   boot a new lab machine; prints "hostname address cpus ram_mib"
-#   machine-remove HOSTNAME         remove it (the host is "deprovisioned")
-cmd_machine_add() {
-  local machine="$1" type="$2" prefix base name ip i
-  case "$type" in
-    controller) prefix=ctl; base=10 ;;
-    compute) prefix=cn; base=20 ;;
-    *) die "machine-add: node type '$type' has no lab machines" ;;
-  esac
-  mkdir -p "$STATE"
-  exec 9>"$STATE/.machines.lock"
-  flock 9
-  # Names and addresses are never reused while the lab lives: a new host on an old
-  # address would meet SSH connections still multiplexed to the removed one.
-  local counter="$STATE/.next-$prefix"
-  i=$(cat "$counter" 2>/dev/null || echo 1)
-  while podman container exists "$(printf '%s-%s-%02d' "$LAB_NAME" "$prefix" "$i")" \
-      || grep -q "^$(printf '%s-%s-%02d' "$LAB_NAME" "$prefix" "$i") " "$STATE/machines.tsv" 2>/dev/null; do
-    i=$((i + 1))
-  done
-  (( base + i < 254 )) || die "machine-add: the lab network has no address left for $type machines"
-  echo $((i + 1)) >"$counter"
-  name=$(printf '%s-%s-%02d' "$LAB_NAME" "$prefix" "$i")
-  ip="$LAB_SUBNET_PREFIX.$((base + i))"
-  start_machine "$name" "$ip" "$type" >&2
-  printf '%s %s %s\n' "$name" "$ip" "$type" >>"$STATE/machines.tsv"
-  flock -u 9
-  SSH_OPTS=(-i "$STATE/ssh/id_ed25519" -o BatchMode=yes -o ConnectTimeout=2
-    -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR)
-  wait_ssh "$name" "$ip"
-  say "$name booted for Machine $machine" >&2
-  echo "$name $ip $LAB_CPUS $LAB_RAM_MIB"
-}
-
-cmd_machine_remove() {
-  local name="$1"
-  exec 9>"$STATE/.machines.lock"
-  flock 9
-  podman rm -f -t 2 "$name" >/dev/null 2>&1 || true
-  if [[ -f "$STATE/machines.tsv" ]]; then
-    awk -v n="$name" '$1 != n' "$STATE/machines.tsv" >"$STATE/machines.tsv.new"
-    mv "$STATE/machines.tsv.new" "$STATE/machines.tsv"
-  fi
-  say "$name removed (its Machine was deleted)" >&2
 }
 
 # The lab's management cluster: capisim serving Cluster API + Metal3 objects for
@@ -424,13 +324,13 @@ cmd_sim() {
     --cluster "$LAB_NAME" --clusters "$LAB_CLUSTERS" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB" \
     --munge-key-file "$dir/munge.key")
   cmd_sim_stop quiet
-  # The simulator's CAPI controller boots and removes lab machines with this script.
+  # The simulator's CAPI controller boots and removes lab machines with lab/machines.py.
   export LAB_NAME LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_SUBNET_PREFIX LAB_CPUS LAB_RAM_MIB LAB_STATE \
     LAB_MUNGE_KEY_SOURCE LAB_CLUSTERS \
     LAB_API_PORT="$API_PORT"
   PYTHONPATH="$LAB_DIR" nohup python3 -m capisim --bind 127.0.0.1 --port "$API_PORT" \
     --objects "$dir/objects.yaml" --token-file "$dir/token" --pid-file "$dir/sim.pid" \
-    --capi-controller "$LAB_DIR/lab.sh" >"$STATE/logs/capisim.log" 2>&1 &
+    --capi-controller "python3 $LAB_DIR/machines.py" >"$STATE/logs/capisim.log" 2>&1 &
   local deadline=$(( $(date +%s) + 15 ))
   until python3 - "$API_PORT" "$dir/token" <<'PY' 2>/dev/null
 import sys, urllib.request
@@ -574,8 +474,6 @@ case "${1:-}" in
   directory) cmd_directory ;;
   sim) cmd_sim ;;
   converge) cmd_converge ;;
-  machine-add) shift; cmd_machine_add "$@" ;;
-  machine-remove) shift; cmd_machine_remove "$@" ;;
   ping) cmd_ping ;;
   status) cmd_status ;;
   down) cmd_down ;;

@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,21 +16,23 @@ from .store import Store
 
 
 class CommandProvisioner(Provisioner):
-    """Boots and removes hosts with a command: `CMD machine-add MACHINE NODE_TYPE` prints
-    "hostname address cpus ram_mib" on its last line; `CMD machine-remove HOSTNAME`."""
+    """Boots and removes hosts with a command (words split as a shell would):
+    `CMD machine-add MACHINE NODE_TYPE` prints "hostname address cpus ram_mib" on its
+    last line; `CMD machine-remove HOSTNAME`. The lab's is `python3 lab/machines.py`."""
 
     def __init__(self, command):
-        self.command = command
+        self.command = shlex.split(command)
 
     def provision(self, machine_name, node_type):
-        proc = subprocess.run([self.command, "machine-add", machine_name, node_type], capture_output=True, text=True, check=False)
+        proc = subprocess.run(self.command + ["machine-add", machine_name, node_type], capture_output=True,
+                              text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError("machine-add exited %d: %s" % (proc.returncode, proc.stderr.strip()[-500:]))
         hostname, address, cpus, ram = proc.stdout.strip().splitlines()[-1].split()
         return hostname, address, int(cpus), int(ram)
 
     def release(self, hostname):
-        subprocess.run([self.command, "machine-remove", hostname], check=True, capture_output=True, text=True)
+        subprocess.run(self.command + ["machine-remove", hostname], check=True, capture_output=True, text=True)
 
 
 READONLY_RULES = {("cluster.x-k8s.io", "machines", verb) for verb in ("get", "list", "watch")}

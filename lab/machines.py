@@ -1,0 +1,197 @@
+"""The lab's "bare-metal machines": Debian 12 systemd containers under podman.
+
+One place that boots, checks and removes them, used by lab/lab.sh (`up`) and by the
+simulator's Cluster API controller (its provisioner), so adding a machine goes one
+way: lab.sh -> capisim -> this module -> podman.
+
+    python3 lab/machines.py start NAME IP NODE_TYPE   boot (or reuse) one machine
+    python3 lab/machines.py ready NAME IP             wait until sshd answers and systemd has booted
+    python3 lab/machines.py machine-add MACHINE NODE_TYPE
+        boot a new machine for a Cluster API Machine; prints "hostname address cpus ram_mib"
+    python3 lab/machines.py machine-remove HOSTNAME   remove it (the host is "deprovisioned")
+
+Settings come from the environment, as lab/lab.sh exports them from lab/lab.conf.
+"""
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IMAGE_REPO = "localhost/converged-hpc/debian12"
+LABEL = "converged.hpc.lab"
+SSH_USER = "admin"
+# Addresses and name prefixes by node type: controllers .11-.19, compute .21 and up.
+LAYOUT = {"controller": ("ctl", 10), "compute": ("cn", 20)}
+
+
+class Lab:
+    def __init__(self, env=None):
+        env = os.environ if env is None else env
+        self.name = env.get("LAB_NAME", "clab")
+        self.flavour = env.get("LAB_FLAVOUR", "prebaked")
+        self.subnet = env.get("LAB_SUBNET_PREFIX", "10.89.50")
+        self.cpus = int(env.get("LAB_CPUS", "2"))
+        self.ram_mib = int(env.get("LAB_RAM_MIB", "2000"))
+        state = env.get("LAB_STATE", ".lab")
+        self.state = state if os.path.isabs(state) else os.path.join(REPO, state)
+        self.network = self.name + "-net"
+        self.image = "%s:%s" % (IMAGE_REPO, self.flavour)
+        self.key = os.path.join(self.state, "ssh", "id_ed25519")
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def say(message):
+        print("[lab] %s" % message, file=sys.stderr, flush=True)
+
+    @staticmethod
+    def podman(*args, check=True):
+        proc = subprocess.run(["podman"] + list(args), capture_output=True, text=True, check=False)
+        if check and proc.returncode != 0:
+            raise RuntimeError("podman %s failed: %s" % (" ".join(args[:2]), proc.stderr.strip()[-500:]))
+        return proc
+
+    def inspect(self, name, template):
+        return self.podman("inspect", "-f", template, name).stdout.strip()
+
+    def run_flags(self, node_type):
+        """Capabilities by machine role (docs/lab.md says why)."""
+        if node_type == "controller":  # keepalived's VRRP and VIP; nfs-ganesha; the shared volume
+            return ["--cap-add", "NET_ADMIN", "--cap-add", "NET_RAW", "--cap-add", "DAC_READ_SEARCH",
+                    "-v", "%s-shared:/srv/shared" % self.name]
+        if node_type == "compute":  # Slurm's cgroup plugins (production defaults) need it
+            return ["--privileged"]
+        if node_type == "directory":  # slapd restarts cleanly
+            return ["--cap-add", "SYS_PTRACE"]
+        return []
+
+    # ------------------------------------------------------------------ machines
+    def start(self, name, ip, node_type):
+        """Boot a machine, or reuse it when it runs the lab's current image."""
+        if self.podman("container", "exists", name, check=False).returncode == 0:
+            flavour = self.inspect(name, '{{ index .Config.Labels "converged.hpc.flavour" }}')
+            if flavour != self.flavour:
+                self.say("%s runs the %s image, lab wants %s: replacing it" % (name, flavour, self.flavour))
+                self.podman("rm", "-f", name)
+            elif self.inspect(name, "{{.Image}}") != self.podman("image", "inspect", "-f", "{{.Id}}",
+                                                                  self.image).stdout.strip():
+                self.say("%s runs an older build of %s: replacing it" % (name, self.image))
+                self.podman("rm", "-f", name)
+            elif self.inspect(name, "{{.State.Status}}") == "running":
+                self.say("%s already running (%s), reused" % (name, ip))
+                return
+            else:
+                self.podman("start", name)
+                self.say("%s restarted (%s)" % (name, ip))
+                return
+        self.podman("run", "-d", "--name", name, "--hostname", name, "--network", self.network, "--ip", ip,
+                    "--systemd=always", "--label", "%s=%s" % (LABEL, self.name),
+                    "--label", "converged.hpc.node-type=" + node_type,
+                    "--label", "converged.hpc.flavour=" + self.flavour,
+                    "-v", "%s.pub:/home/%s/.ssh/authorized_keys:ro" % (self.key, SSH_USER),
+                    *self.run_flags(node_type), self.image, "/sbin/init")
+        self.say("%s booted (%s, %s)" % (name, node_type, ip))
+
+    def ready(self, name, ip, timeout=90):
+        """Ready means: sshd accepts the lab key AND systemd has finished booting the machine."""
+        ssh = ["ssh", "-n", "-i", self.key, "-o", "BatchMode=yes", "-o", "ConnectTimeout=2",
+               "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+               "%s@%s" % (SSH_USER, ip), "timeout 60 systemctl is-system-running --wait 2>/dev/null || true"]
+        deadline, state = time.time() + timeout, ""
+        while time.time() < deadline:
+            proc = subprocess.run(ssh, capture_output=True, text=True, check=False)
+            state = proc.stdout.strip()
+            if proc.returncode == 0 and state in ("running", "degraded"):
+                return
+            time.sleep(0.5)
+        raise RuntimeError("%s (%s) was not ready within %d s (sshd or boot: %s; podman logs %s)"
+                           % (name, ip, timeout, state or "no SSH", name))
+
+    def _tsv(self):
+        return os.path.join(self.state, "machines.tsv")
+
+    def _known(self):
+        try:
+            with open(self._tsv()) as fh:
+                return {line.split()[0] for line in fh if line.strip()}
+        except FileNotFoundError:
+            return set()
+
+    def add(self, machine, node_type):
+        """Boot a new machine for a Cluster API Machine: (hostname, address, cpus, ram_mib)."""
+        if node_type not in LAYOUT:
+            raise RuntimeError("machine-add: node type '%s' has no lab machines" % node_type)
+        prefix, base = LAYOUT[node_type]
+        os.makedirs(self.state, exist_ok=True)
+        with open(os.path.join(self.state, ".machines.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            # Names and addresses are never reused while the lab lives: a new host on an old
+            # address would meet SSH connections still multiplexed to the removed one.
+            counter = os.path.join(self.state, ".next-" + prefix)
+            try:
+                with open(counter) as fh:
+                    index = int(fh.read().strip() or 1)
+            except FileNotFoundError:
+                index = 1
+            known = self._known()
+
+            def taken(i):
+                name = "%s-%s-%02d" % (self.name, prefix, i)
+                return name in known or self.podman("container", "exists", name, check=False).returncode == 0
+            while taken(index):
+                index += 1
+            if base + index >= 254:
+                raise RuntimeError("machine-add: the lab network has no address left for %s machines" % node_type)
+            with open(counter, "w") as fh:
+                fh.write("%d\n" % (index + 1))
+            name = "%s-%s-%02d" % (self.name, prefix, index)
+            ip = "%s.%d" % (self.subnet, base + index)
+            self.start(name, ip, node_type)
+            with open(self._tsv(), "a") as fh:
+                fh.write("%s %s %s\n" % (name, ip, node_type))
+        self.ready(name, ip)
+        self.say("%s booted for Machine %s" % (name, machine))
+        return name, ip, self.cpus, self.ram_mib
+
+    def remove(self, name):
+        with open(os.path.join(self.state, ".machines.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.podman("rm", "-f", "-t", "2", name, check=False)
+            if os.path.exists(self._tsv()):
+                with open(self._tsv()) as fh:
+                    keep = [line for line in fh if line.split() and line.split()[0] != name]
+                with open(self._tsv() + ".new", "w") as fh:
+                    fh.writelines(keep)
+                os.replace(self._tsv() + ".new", self._tsv())
+        self.say("%s removed (its Machine was deleted)" % name)
+
+
+def main(argv):
+    lab = Lab()
+    usage = __doc__.split("\n\n")[1]
+    if len(argv) < 2:
+        print(usage, file=sys.stderr)
+        return 2
+    command, args = argv[1], argv[2:]
+    try:
+        if command == "start" and len(args) == 3:
+            lab.start(*args)
+        elif command == "ready" and len(args) == 2:
+            lab.ready(*args)
+        elif command == "machine-add" and len(args) == 2:
+            print("%s %s %d %d" % lab.add(*args))
+        elif command == "machine-remove" and len(args) == 1:
+            lab.remove(args[0])
+        else:
+            print(usage, file=sys.stderr)
+            return 2
+    except RuntimeError as exc:
+        print("[lab] ERROR: %s" % exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
