@@ -56,6 +56,9 @@ class Lab:
     def inspect(self, name, template):
         return self.podman("inspect", "-f", template, name).stdout.strip()
 
+    def _image_id(self):
+        return self.podman("image", "inspect", "-f", "{{.Id}}", self.image).stdout.strip()
+
     def run_flags(self, node_type):
         """Capabilities by machine role (docs/lab.md says why)."""
         if node_type == "controller":  # keepalived's VRRP and VIP; nfs-ganesha; the shared volume
@@ -75,8 +78,7 @@ class Lab:
             if flavour != self.flavour:
                 self.say("%s runs the %s image, lab wants %s: replacing it" % (name, flavour, self.flavour))
                 self.podman("rm", "-f", name)
-            elif self.inspect(name, "{{.Image}}") != self.podman("image", "inspect", "-f", "{{.Id}}",
-                                                                  self.image).stdout.strip():
+            elif self.inspect(name, "{{.Image}}") != self._image_id():
                 self.say("%s runs an older build of %s: replacing it" % (name, self.image))
                 self.podman("rm", "-f", name)
             elif self.inspect(name, "{{.State.Status}}") == "running":
