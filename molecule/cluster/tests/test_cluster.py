@@ -32,7 +32,8 @@ def test_role_daemons(host):
         assert host.socket("tcp://0.0.0.0:6817").is_listening
     else:
         assert host.service("slurmd").is_running and host.service("slurmd").is_enabled
-        assert "-Z --conf-server" in host.file("/etc/default/slurmd").content_string
+        # a dynamic node registering under the contract's node name
+        assert "-Z -N %s --conf-server" % name in host.file("/etc/default/slurmd").content_string
         assert not host.file("/etc/slurm/slurm.conf").exists  # configless
         assert host.file("/run/slurm/conf/slurm.conf").exists  # fetched from the controller
 
