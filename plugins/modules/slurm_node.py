@@ -20,6 +20,10 @@ description:
   - C(absent) drains the node, waits until it is idle, then deletes it from Slurm
     (C(scontrol delete nodename=)). A node Slurm does not know is already absent. Running jobs are
     never killed unless O(force) is set.
+  - Idle is proven twice, and only by queries that succeeded - no job on the node (C(squeue)) and the
+    node's own state (C(scontrol show node)) neither ALLOCATED, MIXED nor COMPLETING. A query that fails
+    (slurmctld restarting, a failover, a timeout, munge) never counts as idle - the module keeps polling
+    and, when O(timeout) runs out, fails naming the error; nothing is deleted.
   - C(resumed) returns a drained node to service.
 options:
   name:
@@ -94,6 +98,11 @@ waited:
   description: Seconds spent waiting for jobs.
   returned: always
   type: float
+cancelled:
+  description: IDs of the jobs cancelled because O(force) was set and O(timeout) ran out.
+  returned: when jobs were cancelled
+  type: list
+  elements: str
 """
 
 import re
@@ -109,6 +118,13 @@ def parse_node(text):
     return {k: v.strip() for k, v in _PAIR.findall(text.strip())}
 
 
+BUSY_STATES = frozenset(("ALLOCATED", "MIXED", "COMPLETING"))
+
+
+class QueryError(Exception):
+    """A Slurm query that did not answer: never read as "no jobs" or "idle"."""
+
+
 class SlurmNode:
     def __init__(self, module):
         self.module = module
@@ -121,20 +137,31 @@ class SlurmNode:
                                   % (" ".join(args[:3]), self.name, (err or out).strip()))
         return rc, out, err
 
-    def show(self):
+    def query_node(self):
+        """The node's record, None when Slurm does not know it; QueryError when scontrol fails."""
         rc, out, err = self.run(["scontrol", "show", "node", "--oneliner", self.name], check=False)
         if rc != 0:
             text = (err or out).lower()
             if "not found" in text or "invalid node name" in text:
                 return None
-            self.module.fail_json(msg="scontrol show node %s failed: %s" % (self.name, (err or out).strip()))
-        return parse_node(out) if out.strip() else None
+            raise QueryError("scontrol show node %s failed (rc %d): %s" % (self.name, rc, (err or out).strip()))
+        node = parse_node(out) if out.strip() else {}
+        if "State" not in node:
+            raise QueryError("scontrol show node %s answered without a State: %r" % (self.name, out.strip()[:200]))
+        return node
+
+    def show(self):
+        try:
+            return self.query_node()
+        except QueryError as exc:
+            self.module.fail_json(msg=str(exc))
 
     def jobs(self):
+        """IDs of the jobs on the node; QueryError when squeue fails (never "no jobs")."""
         rc, out, err = self.run(["squeue", "--noheader", "--nodelist", self.name, "--states", "RUNNING,COMPLETING,"
                                  "CONFIGURING,SUSPENDED,STOPPED", "--format", "%i"], check=False)
         if rc != 0:
-            return []
+            raise QueryError("squeue --nodelist %s failed (rc %d): %s" % (self.name, rc, (err or out).strip()))
         return [j for j in out.split() if j]
 
     @staticmethod
@@ -148,14 +175,32 @@ class SlurmNode:
             self.run(["scontrol", "update", "nodename=%s" % self.name, "state=drain", "reason=%s" % reason])
         return True
 
+    def idle(self):
+        """(idle, jobs, why not): idle only when squeue and scontrol both answered and both say so."""
+        jobs = self.jobs()
+        node = self.query_node()
+        if node is None:
+            return not jobs, jobs, "the node left Slurm while jobs still ran on it" if jobs else None
+        busy = self.flags(node) & BUSY_STATES
+        if jobs:
+            return False, jobs, "job(s) %s still run on it" % ", ".join(jobs)
+        if busy:
+            return False, jobs, "its state is %s" % node.get("State")
+        return True, [], None
+
     def wait_idle(self, timeout, poll):
+        """Poll until idle is proven; returns (jobs, seconds waited, why not idle or None)."""
         start = time.time()
+        jobs, why = [], None
         while True:
-            jobs = self.jobs()
-            if not jobs:
-                return [], time.time() - start
+            try:
+                idle, jobs, why = self.idle()
+                if idle:
+                    return [], time.time() - start, None
+            except QueryError as exc:  # slurmctld restarting, failing over...: keep the node, keep asking
+                why = "Slurm did not answer: %s" % exc
             if time.time() - start >= timeout:
-                return jobs, time.time() - start
+                return jobs, time.time() - start, why
             time.sleep(poll)
 
 
@@ -203,30 +248,43 @@ def main():
 
     result["changed"] = slurm.drain(node, p["reason"])
     if module.check_mode:
-        result["jobs"] = slurm.jobs()
+        try:
+            result["jobs"] = slurm.jobs()
+        except QueryError as exc:
+            module.fail_json(msg=str(exc), **result)
         if p["state"] == "absent":
             result["changed"] = True
         module.exit_json(**result)
 
     if p["state"] == "drained" and not p["wait"]:
         result["node"] = slurm.show() or {}
-        result["jobs"] = slurm.jobs()
+        try:
+            result["jobs"] = slurm.jobs()
+        except QueryError as exc:
+            module.fail_json(msg=str(exc), **result)
         module.exit_json(**result)
 
-    jobs, waited = slurm.wait_idle(p["timeout"], p["poll"])
+    jobs, waited, why = slurm.wait_idle(p["timeout"], p["poll"])
     result["waited"] = round(waited, 1)
-    if jobs:
-        if p["state"] == "absent" and p["force"]:
-            slurm.run(["scancel"] + jobs)
-            jobs, more = slurm.wait_idle(60, p["poll"])
-            result["waited"] = round(waited + more, 1)
-            result["cancelled"] = True
-        if jobs:
-            result["jobs"] = jobs
-            result["node"] = slurm.show() or {}
-            module.fail_json(msg="node %s still runs job(s) %s after %d s; it stays drained%s" % (
-                p["name"], ", ".join(jobs), p["timeout"],
-                "" if p["state"] == "drained" else " and in Slurm (force=true cancels them)"), **result)
+    if why is not None and jobs and p["state"] == "absent" and p["force"]:
+        slurm.run(["scancel"] + jobs)
+        result["cancelled"] = jobs
+        jobs, more, why = slurm.wait_idle(60, p["poll"])
+        result["waited"] = round(waited + more, 1)
+    if why is not None:
+        result["jobs"] = jobs
+        try:
+            result["node"] = slurm.query_node() or {}
+        except QueryError:
+            result["node"] = {}
+        tail = "" if p["state"] == "drained" else " and in Slurm" + (" (force=true cancels its jobs)" if jobs else "")
+        if jobs and not why.startswith("Slurm did not answer"):
+            msg = "node %s still runs job(s) %s after %d s; it stays drained%s" % (
+                p["name"], ", ".join(jobs), p["timeout"], tail)
+        else:
+            msg = "node %s is not proven idle after %d s: %s; it stays drained%s" % (
+                p["name"], p["timeout"], why, tail)
+        module.fail_json(msg=msg, **result)
 
     if p["state"] == "absent":
         slurm.run(["scontrol", "delete", "nodename=%s" % p["name"]])

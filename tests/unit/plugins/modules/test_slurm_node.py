@@ -21,6 +21,15 @@ state_file = os.environ["FAKE_SLURM"]
 st = json.load(open(state_file))
 cmd, args = os.path.basename(sys.argv[0]), sys.argv[1:]
 def save(): json.dump(st, open(state_file, "w"))
+# a controller that does not answer for a while: fail={cmd: [skip, count]} lets the first `skip`
+# calls of cmd through, then fails the next `count`
+skip, count = st.get("fail", {}).get(cmd, [0, 0])
+if skip:
+    st["fail"][cmd] = [skip - 1, count]; save()
+elif count:
+    st["fail"][cmd] = [0, count - 1]; st.setdefault("failed_calls", []).append(cmd); save()
+    print("slurm_load_jobs error: Unable to contact slurm controller (connect failure)", file=sys.stderr)
+    sys.exit(1)
 if cmd == "scontrol" and args[:2] == ["show", "node"]:
     name = args[-1]
     if name not in st["nodes"]:
@@ -31,7 +40,8 @@ elif cmd == "scontrol" and args[0] == "update":
     kv = dict(a.split("=", 1) for a in args[1:])
     n = st["nodes"][kv["nodename"]]
     if kv["state"] == "drain":
-        n["state"] = "MIXED+DRAIN" if st["jobs"].get(kv["nodename"]) else "IDLE+DRAIN"
+        base = n["state"].split("+")[0]
+        n["state"] = ("MIXED" if st["jobs"].get(kv["nodename"]) else base if base != "IDLE" else "IDLE") + "+DRAIN"
         n["reason"] = kv["reason"]
     elif kv["state"] == "resume":
         n["state"] = "IDLE"
@@ -44,11 +54,17 @@ elif cmd == "squeue":
     jobs = st["jobs"].get(node, [])
     if jobs and st.get("finish_after") and st["polls"] >= st["finish_after"]:
         st["jobs"][node] = jobs = []
+        # the node's own state follows its jobs, unless the test holds it (COMPLETING)
+        if node in st["nodes"] and not st.get("hold_state"):
+            n = st["nodes"][node]
+            n["state"] = "+".join(["IDLE"] + [f for f in n["state"].split("+")[1:]])
     save()
     print("\n".join(jobs))
 elif cmd == "scancel":
     for node in st["jobs"]:
         st["jobs"][node] = [j for j in st["jobs"][node] if j not in args]
+        if not st["jobs"][node] and node in st["nodes"]:
+            st["nodes"][node]["state"] = "+".join(["IDLE"] + st["nodes"][node]["state"].split("+")[1:])
     st["cancelled"] = args; save()
 '''
 
@@ -63,8 +79,9 @@ def fake(tmp_path):
         path.chmod(0o755)
     state = tmp_path / "state.json"
 
-    def run(params, nodes=None, jobs=None, finish_after=None, check_mode=False):
-        state.write_text(json.dumps({"nodes": nodes or {}, "jobs": jobs or {}, "finish_after": finish_after}))
+    def run(params, nodes=None, jobs=None, finish_after=None, check_mode=False, fail=None, hold_state=False):
+        state.write_text(json.dumps({"nodes": nodes or {}, "jobs": jobs or {}, "finish_after": finish_after,
+                                     "fail": fail or {}, "hold_state": hold_state}))
         args = dict(params, poll=0.01)
         if check_mode:
             args["_ansible_check_mode"] = True
@@ -112,6 +129,43 @@ def test_timeout_fails_naming_node_and_jobs_and_keeps_node(fake):
 def test_force_cancels_after_timeout(fake):
     out, st = fake({"name": "cn1", "state": "absent", "timeout": 0, "force": True}, BUSY, {"cn1": ["41"]})
     assert not out.get("failed") and st["cancelled"] == ["41"] and "cn1" not in st["nodes"]
+    assert out["cancelled"] == ["41"]
+
+
+# ------------------------------------------------ a failed query never means idle
+def test_squeue_failing_during_the_drain_is_waited_out(fake):
+    # slurmctld restarting: squeue fails three times, then answers; the job ends later; then delete
+    out, st = fake({"name": "cn1", "state": "absent", "timeout": 30}, BUSY, {"cn1": ["41"]}, finish_after=3,
+                   fail={"squeue": [0, 3]})
+    assert not out.get("failed") and "cn1" not in st["nodes"]
+    assert st["failed_calls"].count("squeue") == 3
+
+
+def test_squeue_failing_until_the_timeout_keeps_the_node(fake):
+    # the job is gone, but squeue never answers: not proven idle, nothing deleted
+    out, st = fake({"name": "cn1", "state": "absent", "timeout": 0}, {"cn1": {"state": "IDLE"}}, {},
+                   fail={"squeue": [0, 1000]})
+    assert out["failed"] and "cn1 is not proven idle" in out["msg"] and "Unable to contact slurm controller" in out["msg"]
+    assert "cn1" in st["nodes"] and st["nodes"]["cn1"]["state"] == "IDLE+DRAIN"
+
+
+def test_scontrol_failing_during_the_wait_is_not_idle(fake):
+    # squeue says no jobs, but the node's own state cannot be read: wait, then delete once it answers
+    # (the first two scontrol calls - show, then drain - go through)
+    out, st = fake({"name": "cn1", "state": "absent", "timeout": 30}, {"cn1": {"state": "IDLE"}}, {},
+                   fail={"scontrol": [2, 3]})
+    assert not out.get("failed") and "cn1" not in st["nodes"] and st["failed_calls"] == ["scontrol"] * 3
+    out, st = fake({"name": "cn1", "state": "absent", "timeout": 0}, {"cn1": {"state": "IDLE"}}, {},
+                   fail={"scontrol": [2, 1000]})
+    assert out["failed"] and "not proven idle" in out["msg"] and "scontrol show node cn1 failed" in out["msg"]
+    assert "cn1" in st["nodes"]
+
+
+def test_a_node_still_completing_is_not_idle(fake):
+    # squeue lists no job any more, but the node is still COMPLETING: keep it
+    out, st = fake({"name": "cn1", "state": "absent", "timeout": 0}, {"cn1": {"state": "COMPLETING"}}, {})
+    assert out["failed"] and "its state is COMPLETING+DRAIN" in out["msg"]
+    assert "cn1" in st["nodes"]
 
 
 def test_absent_node_is_ok(fake):
