@@ -368,13 +368,13 @@ kubeconfig: $dir/kubeconfig
 namespaces: [metal3]
 clusters: [$(lab_clusters | paste -sd, - | sed 's/,/, /g')]
 EOF
-  # The roles' lab settings are a checked-in file (lab/group_vars/all.yml); only the
+  # The roles' lab settings are a checked-in file (lab/group_vars.yml); only the
   # facts of this running lab are written here.
   rm -rf "$STATE/group_vars"; mkdir -p "$STATE/group_vars/all"
   ln -s "$LAB_DIR/group_vars/all.yml" "$STATE/group_vars/all/settings.yml"
   local directory=false
   [[ "$LAB_DIRECTORY" == 1 && -f "$STATE/directory/ca.crt" ]] && directory=true
-  printf '%s\n' "# Written by lab/lab.sh: the running lab's facts (lab/group_vars/all.yml uses them)." \
+  printf '%s\n' "# Written by lab/lab.sh: the running lab's facts (lab/group_vars.yml uses them)." \
     "lab_name: $LAB_NAME" "lab_state: $STATE" "lab_subnet: $LAB_SUBNET_PREFIX.0/24" \
     "lab_munge_key_source: $LAB_MUNGE_KEY_SOURCE" "lab_directory: $directory" >"$STATE/group_vars/all/lab.yml"
   say "management cluster simulator on http://127.0.0.1:$API_PORT ($(grep -c '^kind: Machine$' \
