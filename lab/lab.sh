@@ -370,8 +370,9 @@ clusters: [$(lab_clusters | paste -sd, - | sed 's/,/, /g')]
 EOF
   # The roles' lab settings are a checked-in file (lab/group_vars.yml); only the
   # facts of this running lab are written here.
+  [[ -f "$LAB_DIR/group_vars.yml" ]] || die "the lab's role settings $LAB_DIR/group_vars.yml are missing"
   rm -rf "$STATE/group_vars"; mkdir -p "$STATE/group_vars/all"
-  ln -s "$LAB_DIR/group_vars/all.yml" "$STATE/group_vars/all/settings.yml"
+  ln -s "$LAB_DIR/group_vars.yml" "$STATE/group_vars/all/settings.yml"
   local directory=false
   [[ "$LAB_DIRECTORY" == 1 && -f "$STATE/directory/ca.crt" ]] && directory=true
   printf '%s\n' "# Written by lab/lab.sh: the running lab's facts (lab/group_vars.yml uses them)." \
