@@ -19,7 +19,9 @@ description:
     changes nothing more.
   - C(absent) drains the node, waits until it is idle, then deletes it from Slurm
     (C(scontrol delete nodename=)). A node Slurm does not know is already absent. Running jobs are
-    never killed unless O(force) is set.
+    never stopped unless O(force) or O(immediate) is set; then they are requeued (C(scontrol requeue)), or
+    cancelled when Slurm refuses to requeue them (not requeueable, not a batch job), and named in
+    RV(requeued) and RV(cancelled).
   - Idle is proven twice, and only by queries that succeeded - no job on the node (C(squeue)) and the
     node's own state (C(scontrol show node)) neither ALLOCATED, MIXED nor COMPLETING. A query that fails
     (slurmctld restarting, a failover, a timeout, munge) never counts as idle - the module keeps polling
@@ -52,7 +54,16 @@ options:
     type: float
     default: 2
   force:
-    description: With C(absent), cancel the jobs still running when O(timeout) expires instead of failing.
+    description:
+      - With C(absent), when O(timeout) expires, requeue the jobs still running (cancel those Slurm cannot
+        requeue) and delete the node, instead of failing.
+    type: bool
+    default: false
+  immediate:
+    description:
+      - With C(absent), an urgent removal - do not wait for the jobs - drain the node, requeue its jobs at once
+        (cancel those Slurm cannot requeue), wait until they have left the node (at most O(timeout)), then delete
+        it. Never the default.
     type: bool
     default: false
 attributes:
@@ -70,6 +81,13 @@ EXAMPLES = r"""
     name: cn-07
     state: drained
     timeout: 3600
+  delegate_to: "{{ groups['controller'][0] }}"
+
+- name: Urgent removal - requeue the node's jobs now, then remove it
+  converged.hpc.slurm_node:
+    name: cn-07
+    state: absent
+    immediate: true
   delegate_to: "{{ groups['controller'][0] }}"
 
 - name: Remove a node from Slurm once its jobs are done
@@ -98,8 +116,13 @@ waited:
   description: Seconds spent waiting for jobs.
   returned: always
   type: float
+requeued:
+  description: IDs of the jobs requeued because O(immediate) was set, or O(force) was set and O(timeout) ran out.
+  returned: when jobs were requeued
+  type: list
+  elements: str
 cancelled:
-  description: IDs of the jobs cancelled because O(force) was set and O(timeout) ran out.
+  description: IDs of the jobs cancelled (Slurm refused to requeue them) under O(immediate) or O(force).
   returned: when jobs were cancelled
   type: list
   elements: str
@@ -119,6 +142,8 @@ def parse_node(text):
 
 
 BUSY_STATES = frozenset(("ALLOCATED", "MIXED", "COMPLETING"))
+# seconds the jobs requeued or cancelled under force=true get to leave the node
+EVICT_WAIT = 120
 
 
 class QueryError(Exception):
@@ -188,6 +213,22 @@ class SlurmNode:
             return False, jobs, "its state is %s" % node.get("State")
         return True, [], None
 
+    def evict(self, jobs):
+        """Requeue each job, or cancel it when Slurm refuses to requeue it: (requeued, cancelled)."""
+        requeued, cancelled = [], []
+        for job in jobs:
+            rc, dummy, dummy = self.run(["scontrol", "requeue", job], check=False)
+            if rc == 0:
+                requeued.append(job)
+                continue
+            rc, out, err = self.run(["scancel", job], check=False)
+            if rc != 0:
+                self.module.fail_json(msg="node %s: job %s could neither be requeued nor cancelled: %s; the node "
+                                      "stays drained and in Slurm" % (self.name, job, (err or out).strip()),
+                                      requeued=requeued, cancelled=cancelled)
+            cancelled.append(job)
+        return requeued, cancelled
+
     def wait_idle(self, timeout, poll):
         """Poll until idle is proven; returns (jobs, seconds waited, why not idle or None)."""
         start = time.time()
@@ -214,6 +255,7 @@ def main():
             timeout=dict(type="int", default=3600),
             poll=dict(type="float", default=2),
             force=dict(type="bool", default=False),
+            immediate=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -222,6 +264,8 @@ def main():
         module.fail_json(msg="timeout=%s must not be negative" % p["timeout"])
     if not re.match(r"^[A-Za-z0-9_.\-\[\],]+$", p["name"]):
         module.fail_json(msg="name=%r is not a Slurm node name" % p["name"])
+    if p["immediate"] and p["state"] != "absent":
+        module.fail_json(msg="immediate=true only applies to state=absent, not state=%s" % p["state"])
     if not p["reason"].strip():
         module.fail_json(msg="reason must not be empty: Slurm requires a drain reason")
     slurm = SlurmNode(module)
@@ -264,12 +308,21 @@ def main():
             module.fail_json(msg=str(exc), **result)
         module.exit_json(**result)
 
+    if p["immediate"]:
+        try:
+            running = slurm.jobs()
+        except QueryError as exc:  # unknown jobs are never "none": fail, the node stays drained
+            module.fail_json(msg="node %s: cannot list its jobs to requeue them: %s; it stays drained and in Slurm"
+                             % (p["name"], exc), **result)
+        if running:
+            result["requeued"], result["cancelled"] = slurm.evict(running)
     jobs, waited, why = slurm.wait_idle(p["timeout"], p["poll"])
     result["waited"] = round(waited, 1)
     if why is not None and jobs and p["state"] == "absent" and p["force"]:
-        slurm.run(["scancel"] + jobs)
-        result["cancelled"] = jobs
-        jobs, more, why = slurm.wait_idle(60, p["poll"])
+        requeued, cancelled = slurm.evict(jobs)
+        result["requeued"] = result.get("requeued", []) + requeued
+        result["cancelled"] = result.get("cancelled", []) + cancelled
+        jobs, more, why = slurm.wait_idle(EVICT_WAIT, p["poll"])
         result["waited"] = round(waited + more, 1)
     if why is not None:
         result["jobs"] = jobs
@@ -277,7 +330,8 @@ def main():
             result["node"] = slurm.query_node() or {}
         except QueryError:
             result["node"] = {}
-        tail = "" if p["state"] == "drained" else " and in Slurm" + (" (force=true cancels its jobs)" if jobs else "")
+        tail = "" if p["state"] == "drained" else " and in Slurm" + (
+            " (force=true or immediate=true requeues its jobs)" if jobs else "")
         if jobs and not why.startswith("Slurm did not answer"):
             msg = "node %s still runs job(s) %s after %d s; it stays drained%s" % (
                 p["name"], ", ".join(jobs), p["timeout"], tail)

@@ -2,11 +2,18 @@
 simulator's Cluster API controller, scale_up.yml and scale_down.yml as AWX runs them.
 
 Order matters (one lab, module scope): 2 -> 4 -> 2 (a long job on a leaving node)
--> drain timeout keeps the hook -> 0 -> 2.
+-> drain timeout keeps the hook -> 0 -> 2, then the faults (docs/elastic.md's table):
+a configuration change reaching running slurmd, slurmctld stopped during a drain, the
+management cluster unreachable at the hook's release, a leaving node powered off, an
+immediate removal, two scale-downs and a scale-up at once. Each fault test starts with
+jobs running on the leaving nodes and ends with every job's final state: 0 lost. The
+time from each fault to a safe state goes to <lab>/logs/fault-figures.tsv.
 """
 
+import json
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -165,6 +172,205 @@ def test_scale_to_zero_and_back(lab):
     assert len(nodes) == 2 and set(nodes.values()) == {"idle"}
     job = on(CTL, "sbatch --parsable --wait --nodes=2 --wrap 'srun hostname'").stdout.strip()
     assert "ExitCode=0:0" in on(CTL, "scontrol show job %s" % job).stdout
+
+
+# ------------------------------------------------------------------ faults
+def record(what, seconds):
+    with open(os.path.join(STATE, "logs", "fault-figures.tsv"), "a") as out:
+        out.write("%s\t%.1f\n" % (what, seconds))
+
+
+def wait_for(what, cond, timeout, poll=1.0):
+    deadline = time.time() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        assert time.time() < deadline, "gave up waiting for " + what
+        time.sleep(poll)
+
+
+def job_state(job):
+    out = on(CTL, "scontrol show job %s" % job, check=False).stdout
+    found = re.search(r"JobState=(\S+)", out)
+    return found.group(1) if found else None
+
+
+def job_record(job):
+    out = on(CTL, "scontrol show job %s" % job).stdout
+    return dict(re.findall(r"(\w+)=(\S+)", out))
+
+
+def submit(node=None, seconds=20, extra=""):
+    """A batch job (on `node`), running when this returns: its id."""
+    where = "--nodelist=%s" % node if node else ""
+    job = on(CTL, "sbatch --parsable %s %s --output=/tmp/job-%%j.out --wrap 'sleep %d; echo finished'"
+             % (where, extra, seconds)).stdout.strip()
+    wait_for("job %s to run" % job, lambda: job_state(job) == "RUNNING", 60)
+    return job
+
+
+UNFINISHED = ("RUNNING", "PENDING", "REQUEUED", "COMPLETING", "CONFIGURING")
+
+
+def completed(jobs, timeout=300):
+    """Every job reaches COMPLETED with exit code 0: none lost."""
+    for job in jobs:
+        wait_for("job %s to complete" % job, lambda j=job: job_state(j) not in UNFINISHED, timeout)
+        rec = job_record(job)
+        assert rec["JobState"] == "COMPLETED" and rec["ExitCode"] == "0:0", (job, rec)
+
+
+def in_background(fn, *args):
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(result=fn(*args)))
+    thread.start()
+    return thread, box
+
+
+def victims(co, count):
+    return sorted(compute_machines(co, deleting=False), key=hostname)[-count:]
+
+
+def test_a_configuration_change_reaches_the_running_slurmd(lab):
+    nodes = sorted(slurm_nodes())
+    pids = {n: main_pid(n, "slurmd") for n in nodes}
+    for node in nodes:  # before: the default level, info (3)
+        assert re.search(r"Slurmd Debug\s*=\s*3\n", on(node, "scontrol show slurmd").stdout), node
+    res = LAB.playbook("site.yml", json.dumps({"slurm_controller_extra_config": {"SlurmdDebug": "debug2"}}))
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "Push the new configuration to every slurmd" in res.stdout
+    for node in nodes:
+        # the running slurmd got the new file from the controller and uses it, without a restart
+        assert main_pid(node, "slurmd") == pids[node]
+        assert "SlurmdDebug=debug2" in on(node, "cat /var/spool/slurmd/conf-cache/slurm.conf").stdout
+        # slurmd reports its log level as a number: info is 3, debug2 is 6
+        assert re.search(r"Slurmd Debug\s*=\s*6\n", on(node, "scontrol show slurmd").stdout), node
+    assert set(slurm_nodes().values()) == {"idle"}
+
+
+def test_slurmctld_stopped_during_a_drain(lab):
+    (victim,) = victims(lab, 1)
+    node = hostname(victim)
+    job = submit(node, seconds=40)
+    mark_for_deletion(lab, victim)
+    thread, box = in_background(scale, len(compute_machines(lab, deleting=False)) - 1)
+    wait_for("the drain to start", lambda: slurm_nodes().get(node) == "drng", 120)
+    on(CTL, "systemctl stop slurmctld")
+    time.sleep(20)
+    on(CTL, "systemctl start slurmctld")
+    back = time.time()
+    thread.join(600)
+    done = time.time()
+    res = box["result"]
+    assert res.returncode == 0, res.stdout + res.stderr
+    completed([job])
+    ended = int(on(CTL, "date -d %s +%%s" % job_record(job)["EndTime"]).stdout.strip())
+    # the hook was released (and the scale-down ended) after the job did, never while Slurm could not answer
+    assert done >= ended, (done, ended)
+    assert node not in slurm_nodes()
+    assert victim["metadata"]["name"] not in {m["metadata"]["name"] for m in compute_machines(lab)}
+    record("slurmctld stopped 20 s during a drain: controller back -> Machine released", done - back)
+
+
+def test_the_management_cluster_unreachable_when_the_hook_would_be_released(lab):
+    (victim,) = victims(lab, 1)
+    node = hostname(victim)
+    job = submit(node, seconds=10)
+    mark_for_deletion(lab, victim)
+    # the playbook's API calls go to a closed port; the inventory (read before) still answered
+    kubeconfig = open(os.path.join(STATE, "capi", "kubeconfig")).read()
+    broken = os.path.join(STATE, "capi", "kubeconfig.unreachable")
+    with open(broken, "w") as out:
+        out.write(re.sub(r"(server: https?://[^:]+:)\d+", r"\g<1>9", kubeconfig))
+    os.chmod(broken, 0o600)
+    res = scale(len(compute_machines(lab, deleting=False)) - 1, "converged_capi_kubeconfig=" + broken)
+    assert res.returncode != 0
+    log = open(os.path.join(STATE, "logs", "scale_down.log")).read()
+    assert re.search(r"node %s is out of Slurm\s+and its slurmd is stopped, but the hook" % node, log), log[-3000:]
+    failed = time.time()
+    completed([job])
+    # not half-removed: out of Slurm and slurmd stopped, the Machine still held by the hook
+    assert node not in slurm_nodes()
+    assert on(node, "systemctl is-active slurmd", check=False).stdout.strip() != "active"
+    held = lab.get_namespaced_custom_object(G, V, NS, "machines", victim["metadata"]["name"])
+    assert HOOK in held["metadata"]["annotations"]
+    # a later run, with the management cluster back, releases it
+    res = LAB.playbook("scale_down.yml")
+    assert res.returncode == 0, res.stdout[-3000:]
+    wait_for("the Machine to be gone", lambda: victim["metadata"]["name"] not in
+             {m["metadata"]["name"] for m in compute_machines(lab)}, 120)
+    record("management cluster unreachable at release: failure -> released by the next run", time.time() - failed)
+
+
+def test_a_leaving_node_powered_off(lab):
+    res = scale(3)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job = on(CTL, "sbatch --parsable --requeue --nodes=1 --output=/tmp/job-%j.out --wrap 'sleep 15; echo finished'"
+             ).stdout.strip()
+    wait_for("job %s to run" % job, lambda: job_state(job) == "RUNNING", 60)
+    node = job_record(job)["NodeList"]
+    (victim,) = [m for m in compute_machines(lab, deleting=False) if hostname(m) == node]
+    mark_for_deletion(lab, victim)
+    sh("podman", "kill", node)
+    off = time.time()
+    res = scale(2)
+    assert res.returncode == 0, res.stdout + res.stderr
+    safe = time.time()
+    assert node not in slurm_nodes()
+    # Slurm noticed the dead node (SlurmdTimeout), requeued the job; it ran again elsewhere
+    completed([job])
+    assert int(job_record(job)["Restarts"]) >= 1
+    record("leaving node powered off: power off -> out of Slurm, Machine released", safe - off)
+
+
+def test_an_immediate_removal_requeues_then_removes(lab):
+    (victim,) = victims(lab, 1)
+    node = hostname(victim)
+    requeueable = submit(node, seconds=600, extra="--requeue --mem=64")
+    not_requeueable = submit(node, seconds=600, extra="--no-requeue --mem=64")
+    mark_for_deletion(lab, victim)
+    started = time.time()
+    res = scale(1, "converged_drain_immediate=true")
+    assert res.returncode == 0, res.stdout + res.stderr
+    safe = time.time()
+    log = open(os.path.join(STATE, "logs", "scale_down.log")).read()
+    assert re.search(r"node %s: requeued job\(s\)\s+%s; cancelled job\(s\) \(not\s+requeueable\)\s+%s"
+                     % (node, requeueable, not_requeueable), log), log[-3000:]
+    assert safe - started < 120  # did not wait for the 600 s job
+    assert node not in slurm_nodes()
+    rec = job_record(requeueable)
+    assert int(rec["Restarts"]) >= 1 and rec["JobState"] in ("PENDING", "RUNNING"), rec
+    assert job_state(not_requeueable) == "CANCELLED"
+    on(CTL, "scancel %s" % requeueable)
+    record("immediate removal of a node running a 600 s job: scale-down -> Machine released", safe - started)
+
+
+def test_two_scale_downs_and_a_scale_up_at_once(lab):
+    res = scale(2)
+    assert res.returncode == 0, res.stdout + res.stderr
+    leaving = victims(lab, 2)
+    jobs = [submit(hostname(m), seconds=15) for m in leaving]
+    for m in leaving:
+        mark_for_deletion(lab, m)
+    started = time.time()
+    res = sh("python3", "lab/scale.py", "0", "--no-playbook", check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    downs = [in_background(LAB.playbook, "scale_down.yml") for dummy in range(2)]
+    time.sleep(3)
+    up = sh("python3", "lab/scale.py", "1", check=False)  # a scale-up of the same MachineDeployment, meanwhile
+    for thread, dummy in downs:
+        thread.join(600)
+    assert up.returncode == 0, up.stdout + up.stderr
+    for dummy, box in downs:
+        assert box["result"].returncode == 0, box["result"].stdout[-3000:]
+    completed(jobs)
+    names = {hostname(m) for m in leaving}
+    wait_for("the leaving Machines to be gone", lambda: not (names & {hostname(m) for m in compute_machines(lab)}),
+             120)
+    nodes = slurm_nodes()
+    assert len(nodes) == 1 and not (names & set(nodes)) and set(nodes.values()) == {"idle"}, nodes
+    record("two scale-downs and a scale-up at once: start -> all done", time.time() - started)
 
 
 def test_no_secret_in_any_log(lab):

@@ -46,6 +46,16 @@ elif cmd == "scontrol" and args[0] == "update":
     elif kv["state"] == "resume":
         n["state"] = "IDLE"
     save()
+elif cmd == "scontrol" and args[0] == "requeue":
+    job = args[1]
+    if job in st.get("norequeue", []):
+        print("Requested operation is presently disabled for job %s" % job, file=sys.stderr); sys.exit(1)
+    for node in st["jobs"]:
+        if job in st["jobs"][node]:
+            st["jobs"][node].remove(job)
+            if not st["jobs"][node] and node in st["nodes"]:
+                st["nodes"][node]["state"] = "+".join(["IDLE"] + st["nodes"][node]["state"].split("+")[1:])
+    st.setdefault("requeued", []).append(job); save()
 elif cmd == "scontrol" and args[0] == "delete":
     st["nodes"].pop(args[1].split("=", 1)[1]); save()
 elif cmd == "squeue":
@@ -65,7 +75,7 @@ elif cmd == "scancel":
         st["jobs"][node] = [j for j in st["jobs"][node] if j not in args]
         if not st["jobs"][node] and node in st["nodes"]:
             st["nodes"][node]["state"] = "+".join(["IDLE"] + st["nodes"][node]["state"].split("+")[1:])
-    st["cancelled"] = args; save()
+    st.setdefault("cancelled", []).extend(args); save()
 '''
 
 
@@ -79,9 +89,10 @@ def fake(tmp_path):
         path.chmod(0o755)
     state = tmp_path / "state.json"
 
-    def run(params, nodes=None, jobs=None, finish_after=None, check_mode=False, fail=None, hold_state=False):
+    def run(params, nodes=None, jobs=None, finish_after=None, check_mode=False, fail=None, hold_state=False,
+            norequeue=()):
         state.write_text(json.dumps({"nodes": nodes or {}, "jobs": jobs or {}, "finish_after": finish_after,
-                                     "fail": fail or {}, "hold_state": hold_state}))
+                                     "fail": fail or {}, "hold_state": hold_state, "norequeue": list(norequeue)}))
         args = dict(params, poll=0.01)
         if check_mode:
             args["_ansible_check_mode"] = True
@@ -126,10 +137,40 @@ def test_timeout_fails_naming_node_and_jobs_and_keeps_node(fake):
     assert st["nodes"]["cn1"]["state"] == "MIXED+DRAIN" and "cancelled" not in st
 
 
-def test_force_cancels_after_timeout(fake):
-    out, st = fake({"name": "cn1", "state": "absent", "timeout": 0, "force": True}, BUSY, {"cn1": ["41"]})
-    assert not out.get("failed") and st["cancelled"] == ["41"] and "cn1" not in st["nodes"]
-    assert out["cancelled"] == ["41"]
+def test_force_requeues_after_timeout_and_cancels_what_cannot_be_requeued(fake):
+    out, st = fake({"name": "cn1", "state": "absent", "timeout": 0, "force": True}, BUSY, {"cn1": ["41", "42"]},
+                   norequeue=["42"])
+    assert not out.get("failed") and "cn1" not in st["nodes"]
+    assert st["requeued"] == ["41"] and st["cancelled"] == ["42"]
+    assert out["requeued"] == ["41"] and out["cancelled"] == ["42"]
+
+
+# ------------------------------------------------ immediate: an urgent removal, never the default
+def test_immediate_requeues_at_once_then_deletes(fake):
+    # the jobs would run for ever (no finish_after): immediate does not wait for them
+    out, st = fake({"name": "cn1", "state": "absent", "immediate": True}, BUSY, {"cn1": ["41", "42", "43"]},
+                   norequeue=["43"])
+    assert not out.get("failed") and out["changed"] and "cn1" not in st["nodes"]
+    assert out["requeued"] == ["41", "42"] and out["cancelled"] == ["43"]
+    assert st["requeued"] == ["41", "42"] and st["cancelled"] == ["43"]
+
+
+def test_immediate_on_an_idle_node_requeues_nothing(fake):
+    out, st = fake({"name": "cn1", "state": "absent", "immediate": True}, IDLE)
+    assert not out.get("failed") and "cn1" not in st["nodes"] and "requeued" not in st and "requeued" not in out
+
+
+def test_immediate_never_reads_a_failed_squeue_as_no_jobs(fake):
+    out, st = fake({"name": "cn1", "state": "absent", "immediate": True}, BUSY, {"cn1": ["41"]},
+                   fail={"squeue": [0, 1000]})
+    assert out["failed"] and "cannot list its jobs" in out["msg"] and "cn1" in st["nodes"]
+    assert "requeued" not in st and "cancelled" not in st
+
+
+def test_immediate_in_check_mode_names_the_jobs_and_changes_nothing(fake):
+    out, st = fake({"name": "cn1", "state": "absent", "immediate": True}, BUSY, {"cn1": ["41"]}, check_mode=True)
+    assert out["changed"] and out["jobs"] == ["41"] and st["nodes"]["cn1"]["state"] == "MIXED"
+    assert "requeued" not in st
 
 
 # ------------------------------------------------ a failed query never means idle
@@ -185,7 +226,9 @@ def test_resume(fake):
 
 @pytest.mark.parametrize("params,text", [({"name": "cn1; rm -rf /", "state": "drained"}, "not a Slurm node name"),
                                          ({"name": "cn1", "reason": " "}, "reason must not be empty"),
-                                         ({"name": "cn1", "timeout": -1}, "timeout=-1")])
+                                         ({"name": "cn1", "timeout": -1}, "timeout=-1"),
+                                         ({"name": "cn1", "state": "drained", "immediate": True},
+                                          "immediate=true only applies to state=absent")])
 def test_bad_input(fake, params, text):
     out = fake(params, IDLE)[0]
     assert out["failed"] and text in out["msg"]
