@@ -73,7 +73,8 @@ def machine_objects(cluster, md, ms, node_type, name, address, cpus, ram_mib):
     labels = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md,
               "cluster.x-k8s.io/set-name": ms, "node-type": node_type}
     provider_id = "metal3://%s/%s/%s" % (NS, name, machine)
-    annotations = {HOOK: "converged-hpc"} if node_type == "compute" else {}
+    # born without our hook (as Machines made before the template carried it): site.yml puts it
+    annotations = {}
     return [
         {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
          "metadata": {"name": machine, "namespace": NS, "labels": labels, "annotations": annotations,

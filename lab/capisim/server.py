@@ -168,8 +168,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, b"404 page not found\n", "text/plain; charset=utf-8")
 
     def _read_body(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        raw = self._raw
         try:
             return json.loads(raw) if raw else None
         except ValueError as exc:
@@ -201,6 +200,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
     def _dispatch(self, method):
+        # Read the whole body first, whatever the answer: a body left unread would be parsed as the
+        # next request on this keep-alive connection (the real API server never does that).
+        length = int(self.headers.get("Content-Length") or 0)
+        self._raw = self.rfile.read(length) if length else b""
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         self.sim.requests.append((method, url.path, query))

@@ -5,7 +5,8 @@ Order matters (one lab, module scope): 2 -> 4 -> 2 (a long job on a leaving node
 -> drain timeout keeps the hook -> 0 -> 2, then the faults (docs/elastic.md's table):
 a configuration change reaching running slurmd, slurmctld stopped during a drain, the
 management cluster unreachable at the hook's release, a leaving node powered off, an
-immediate removal, two scale-downs and a scale-up at once. Each fault test starts with
+immediate removal, two scale-downs and a scale-up at once, the last controller's Machine
+deleted (its hook stays). Each fault test starts with
 jobs running on the leaving nodes and ends with every job's final state: 0 lost. The
 time from each fault to a safe state goes to <lab>/logs/fault-figures.tsv.
 """
@@ -75,6 +76,12 @@ def mark_for_deletion(co, machine):
 def containers():
     out = sh("podman", "ps", "--filter", "label=converged.hpc.lab=elab", "--format", "{{.Names}}").stdout
     return set(out.split())
+
+
+def test_site_put_the_hook_on_every_slurm_machine(lab):
+    # the lab's first Machines are born without it (capi_objects.py): site.yml put it
+    items = lab.list_namespaced_custom_object(G, V, NS, "machines")["items"]
+    assert len(items) == 3 and all(HOOK in m["metadata"].get("annotations", {}) for m in items), items
 
 
 def test_scale_up_2_to_4_new_nodes_idle_controller_untouched(lab):
@@ -371,6 +378,27 @@ def test_two_scale_downs_and_a_scale_up_at_once(lab):
     nodes = slurm_nodes()
     assert len(nodes) == 1 and not (names & set(nodes)) and set(nodes.values()) == {"idle"}, nodes
     record("two scale-downs and a scale-up at once: start -> all done", time.time() - started)
+
+
+def test_the_last_controller_keeps_its_hook(lab):
+    # site.yml put the hook on the controller's Machine too
+    assert HOOK in lab.get_namespaced_custom_object(G, V, NS, "machines", CTL)["metadata"]["annotations"]
+    pid = main_pid(CTL, "slurmctld")
+    # a mistaken scale of the controllers' MachineDeployment to 0
+    lab.patch_namespaced_custom_object_scale(G, V, NS, "machinedeployments", "elab-controller",
+                                             {"spec": {"replicas": 0}})
+    wait_for("the controller's Machine to be Deleting", lambda: lab.get_namespaced_custom_object(
+        G, V, NS, "machines", CTL).get("status", {}).get("phase") == "Deleting", 60)
+    res = LAB.playbook("scale_down.yml")
+    assert res.returncode != 0
+    assert re.search(r"Machine metal3/%s is being deleted, but %s is the last\s+live Slurm controller"
+                     % (CTL, CTL), res.stdout), res.stdout[-3000:]
+    held = lab.get_namespaced_custom_object(G, V, NS, "machines", CTL)
+    assert HOOK in held["metadata"]["annotations"] and held["metadata"].get("deletionTimestamp")
+    # Slurm goes on: the same slurmctld, and a job runs
+    assert main_pid(CTL, "slurmctld") == pid and "is UP" in on(CTL, "scontrol ping").stdout
+    job = on(CTL, "sbatch --parsable --wait --nodes=1 --wrap hostname").stdout.strip()
+    assert "ExitCode=0:0" in on(CTL, "scontrol show job %s" % job).stdout
 
 
 def test_no_secret_in_any_log(lab):
