@@ -83,6 +83,8 @@ validate_conf() {
     || die "LAB_MUNGE_KEY_SOURCE='$LAB_MUNGE_KEY_SOURCE' is not secret or generate"
   [[ "$LAB_DIRECTORY" == 0 || "$LAB_DIRECTORY" == 1 ]] \
     || die "LAB_DIRECTORY='$LAB_DIRECTORY' is not 0 or 1"
+  [[ "$LAB_HA" == 0 || ( "$LAB_HA" == 1 && "$LAB_CONTROLLERS" -ge 2 && "$LAB_CLUSTERS" == 1 ) ]] \
+    || die "LAB_HA='$LAB_HA' must be 0, or 1 with LAB_CONTROLLERS >= 2 (it is $LAB_CONTROLLERS) and LAB_CLUSTERS=1"
   [[ "$LAB_CLUSTERS" =~ ^[1-9]$ && "$LAB_CLUSTERS" -le "$(( LAB_CONTROLLERS > 0 ? LAB_CONTROLLERS : 1 ))" ]] \
     || die "LAB_CLUSTERS='$LAB_CLUSTERS' must be 1-9 and at most LAB_CONTROLLERS ($LAB_CONTROLLERS): one controller each"
 }
@@ -326,7 +328,7 @@ cmd_sim() {
   cmd_sim_stop quiet
   # The simulator's CAPI controller boots and removes lab machines with lab/machines.py.
   export LAB_NAME LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_SUBNET_PREFIX LAB_CPUS LAB_RAM_MIB LAB_STATE \
-    LAB_MUNGE_KEY_SOURCE LAB_CLUSTERS \
+    LAB_MUNGE_KEY_SOURCE LAB_CLUSTERS LAB_HA \
     LAB_API_PORT="$API_PORT"
   PYTHONPATH="$LAB_DIR" nohup python3 -m capisim --bind 127.0.0.1 --port "$API_PORT" \
     --objects "$dir/objects.yaml" --token-file "$dir/token" --pid-file "$dir/sim.pid" \
@@ -378,6 +380,13 @@ EOF
   printf '%s\n' "# Written by lab/lab.sh: the running lab's facts (lab/group_vars.yml uses them)." \
     "lab_name: $LAB_NAME" "lab_state: $STATE" "lab_subnet: $LAB_SUBNET_PREFIX.0/24" \
     "lab_munge_key_source: $LAB_MUNGE_KEY_SOURCE" "lab_directory: $directory" >"$STATE/group_vars/all/lab.yml"
+  if [[ "$LAB_HA" == 1 ]]; then
+    # docs/ha.md: the controllers' shared volume stands in for the NFS mount of the state
+    printf '%s\n' "# Written by lab/lab.sh (LAB_HA=1): controller high availability." \
+      "converged_ha: true" "keepalived_vip: $LAB_SUBNET_PREFIX.254" \
+      "slurm_controller_state_save_location: /srv/shared/slurm-state" \
+      "slurm_controller_slurmctld_timeout: 10" >"$STATE/group_vars/all/ha.yml"
+  fi
   say "management cluster simulator on http://127.0.0.1:$API_PORT ($(grep -c '^kind: Machine$' \
     "$dir/objects.yaml") Machines); inventory: $LAB_STATE/capi.capi_machines.yml"
 }

@@ -1,12 +1,14 @@
 """Elastic lifecycle end to end in a lab of its own: real machines, real Slurm, the
 simulator's Cluster API controller, scale_up.yml and scale_down.yml as AWX runs them.
 
+The lab has two controllers in HA (LAB_HA=1: keepalived VIP, shared Slurm state).
 Order matters (one lab, module scope): 2 -> 4 -> 2 (a long job on a leaving node)
 -> drain timeout keeps the hook -> 0 -> 2, then the faults (docs/elastic.md's table):
 a configuration change reaching running slurmd, slurmctld stopped during a drain, the
 management cluster unreachable at the hook's release, a leaving node powered off, an
-immediate removal, two scale-downs and a scale-up at once, the last controller's Machine
-deleted (its hook stays). Each fault test starts with
+immediate removal, two scale-downs and a scale-up at once, the primary controller's
+machine killed during a drain, the primary's Machine deleted (takeover, then release),
+the last controller's Machine deleted (its hook stays). Each fault test starts with
 jobs running on the leaving nodes and ends with every job's final state: 0 lost. The
 time from each fault to a safe state goes to <lab>/logs/fault-figures.tsv.
 """
@@ -23,11 +25,13 @@ from kubernetes import client, config
 from labkit import Lab, has_podman
 
 # the lab default munge key source (secret) runs in make lab; this lab generates its key
-LAB = Lab("elab", "10.89.80", 16480, ".lab/e2e", LAB_COMPUTE="2", LAB_MUNGE_KEY_SOURCE="generate",
-          LAB_DIRECTORY="0")
+LAB = Lab("elab", "10.89.80", 16480, ".lab/e2e", LAB_CONTROLLERS="2", LAB_HA="1", LAB_COMPUTE="2",
+          LAB_MUNGE_KEY_SOURCE="generate", LAB_DIRECTORY="0")
 STATE = LAB.state
 sh, on = LAB.sh, LAB.on
-CTL = "elab-ctl-01"
+PRIMARY, BACKUP = "elab-ctl-01", "elab-ctl-02"
+VIP = "10.89.80.254"
+CTL = PRIMARY  # where the tests run Slurm commands: a controller that is up (the HA tests move it)
 NS, G, V = "metal3", "cluster.x-k8s.io", "v1beta2"
 HOOK = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/converged-hpc"
 
@@ -81,7 +85,7 @@ def containers():
 def test_site_put_the_hook_on_every_slurm_machine(lab):
     # the lab's first Machines are born without it (capi_objects.py): site.yml put it
     items = lab.list_namespaced_custom_object(G, V, NS, "machines")["items"]
-    assert len(items) == 3 and all(HOOK in m["metadata"].get("annotations", {}) for m in items), items
+    assert len(items) == 4 and all(HOOK in m["metadata"].get("annotations", {}) for m in items), items
 
 
 def test_scale_up_2_to_4_new_nodes_idle_controller_untouched(lab):
@@ -263,9 +267,11 @@ def test_slurmctld_stopped_during_a_drain(lab):
     mark_for_deletion(lab, victim)
     thread, box = in_background(scale, len(compute_machines(lab, deleting=False)) - 1)
     wait_for("the drain to start", lambda: slurm_nodes().get(node) == "drng", 120)
-    on(CTL, "systemctl stop slurmctld")
+    for ctl in (PRIMARY, BACKUP):  # no controller answers for 20 s
+        on(ctl, "systemctl stop slurmctld")
     time.sleep(20)
-    on(CTL, "systemctl start slurmctld")
+    for ctl in (PRIMARY, BACKUP):
+        on(ctl, "systemctl start slurmctld")
     back = time.time()
     thread.join(600)
     done = time.time()
@@ -380,8 +386,82 @@ def test_two_scale_downs_and_a_scale_up_at_once(lab):
     record("two scale-downs and a scale-up at once: start -> all done", time.time() - started)
 
 
+def slurmctld_up(ctl):
+    """`scontrol ping` run on ctl says ctl's slurmctld answers (primary or backup)."""
+    out = on(ctl, "scontrol ping", check=False).stdout
+    return re.search(r"Slurmctld\((primary|backup)\) at %s is UP" % ctl, out) is not None
+
+
+def vip_on(ctl):
+    return (" %s/" % VIP) in on(ctl, "ip -o -4 addr show", check=False).stdout
+
+
+def test_the_primary_controller_killed_during_a_drain(lab):
+    global CTL
+    res = scale(2)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (victim,) = victims(lab, 1)
+    node = hostname(victim)
+    job = submit(node, seconds=45)
+    other = submit(hostname(victims(lab, 2)[0]), seconds=45)  # on the node that stays
+    mark_for_deletion(lab, victim)
+    thread, box = in_background(scale, 1)
+    wait_for("the drain to start", lambda: slurm_nodes().get(node) == "drng", 120)
+    sh("podman", "kill", PRIMARY)  # the primary's machine dies, slurmctld and keepalived with it
+    killed = time.time()
+    CTL = BACKUP
+    thread.join(600)
+    first = box["result"]
+    if first.returncode != 0:
+        # the run was talking to Slurm through the dead machine: it failed, the hook stayed;
+        # the next run (AWX's retry, the reconcile) goes through the backup
+        held = lab.get_namespaced_custom_object(G, V, NS, "machines", victim["metadata"]["name"])
+        assert HOOK in held["metadata"]["annotations"]
+        res = LAB.playbook("scale_down.yml")
+        assert res.returncode == 0, res.stdout[-3000:]
+    wait_for("the Machine to be gone", lambda: victim["metadata"]["name"] not in
+             {m["metadata"]["name"] for m in compute_machines(lab)}, 120)
+    safe = time.time()
+    completed([job, other])
+    ended = int(on(CTL, "date -d %s +%%s" % job_record(job)["EndTime"]).stdout.strip())
+    assert safe >= ended  # released after the job ended
+    assert node not in slurm_nodes()
+    assert slurmctld_up(BACKUP) and vip_on(BACKUP)  # the backup served the jobs above; the VIP moved with it
+    record("primary controller machine killed during a drain: kill -> Machine released through the backup",
+           safe - killed)
+    # the primary's machine comes back: it takes control again (Slurm's rule) and the VIP follows
+    sh("podman", "start", PRIMARY)
+    wait_for("the primary to take control back", lambda: slurmctld_up(PRIMARY) and vip_on(PRIMARY), 180, poll=2)
+    CTL = PRIMARY
+    completed([on(CTL, "sbatch --parsable --wrap hostname").stdout.strip()])
+
+
+def test_the_primary_controller_machine_deleted_hands_over_then_releases(lab):
+    global CTL
+    assert HOOK in lab.get_namespaced_custom_object(G, V, NS, "machines", PRIMARY)["metadata"]["annotations"]
+    job = submit(seconds=30)
+    mark_for_deletion(lab, lab.get_namespaced_custom_object(G, V, NS, "machines", PRIMARY))
+    lab.patch_namespaced_custom_object_scale(G, V, NS, "machinedeployments", "elab-controller",
+                                             {"spec": {"replicas": 1}})
+    wait_for("the primary's Machine to be Deleting", lambda: lab.get_namespaced_custom_object(
+        G, V, NS, "machines", PRIMARY).get("status", {}).get("phase") == "Deleting", 60)
+    started = time.time()
+    res = LAB.playbook("scale_down.yml")
+    assert res.returncode == 0, res.stdout[-3000:]
+    CTL = BACKUP
+    wait_for("the primary's Machine to be gone", lambda: PRIMARY not in
+             {m["metadata"]["name"] for m in lab.list_namespaced_custom_object(G, V, NS, "machines")["items"]}, 120)
+    safe = time.time()
+    assert PRIMARY not in containers()
+    assert slurmctld_up(BACKUP) and vip_on(BACKUP)
+    completed([job])  # ran through the takeover
+    completed([on(CTL, "sbatch --parsable --nodes=1 --wrap hostname").stdout.strip()])
+    record("primary controller Machine deleted (HA): scale_down.yml -> taken over, Machine released", safe - started)
+
+
 def test_the_last_controller_keeps_its_hook(lab):
-    # site.yml put the hook on the controller's Machine too
+    # site.yml put the hook on the controller's Machine too; the backup is the last one now
+    assert CTL == BACKUP
     assert HOOK in lab.get_namespaced_custom_object(G, V, NS, "machines", CTL)["metadata"]["annotations"]
     pid = main_pid(CTL, "slurmctld")
     # a mistaken scale of the controllers' MachineDeployment to 0
