@@ -44,7 +44,7 @@ deps:
 
 dev-collection:
 	@mkdir -p $(dir $(COLLECTION_LINK))
-	@ln -sfn $(CURDIR) $(COLLECTION_LINK)
+	@test "$$(readlink $(COLLECTION_LINK) || true)" = "$(CURDIR)" || ln -sfn $(CURDIR) $(COLLECTION_LINK)
 
 images:
 	lab/lab.sh image stock
@@ -68,9 +68,20 @@ molecule: dev-collection images
 	  $(PYTHON) tests/check_secrets.py molecule/$$s/molecule.yml .lab/logs/molecule-$$s.log || exit 1; \
 	done
 
-## make e2e        end-to-end lab tests (elastic lifecycle) in labs of their own
+## make e2e        end-to-end lab tests in labs of their own: the elastic lab (the longest)
+##                 runs beside the others; each run's output is in .lab/logs/e2e-*.log
+E2E_ELASTIC := tests/e2e/test_elastic.py
+E2E_OTHERS := $(filter-out $(E2E_ELASTIC),$(sort $(wildcard tests/e2e/test_*.py)))
 e2e: dev-collection images
-	$(PYTHON) -m pytest -q tests/e2e
+	@mkdir -p .lab/logs
+	@echo "[e2e] $(E2E_ELASTIC) beside $(E2E_OTHERS)"
+	@set +e; \
+	$(PYTHON) -m pytest -q --durations=8 $(E2E_ELASTIC) >.lab/logs/e2e-elastic.log 2>&1 & elastic_pid=$$!; \
+	$(PYTHON) -m pytest -q --durations=8 $(E2E_OTHERS) >.lab/logs/e2e-others.log 2>&1; others=$$?; \
+	wait $$elastic_pid; elastic=$$?; \
+	cat .lab/logs/e2e-others.log .lab/logs/e2e-elastic.log; \
+	echo "[e2e] exit codes: others $$others, elastic $$elastic"; \
+	test $$others -eq 0 && test $$elastic -eq 0
 
 ## make test       everything CI runs (installs what is missing first)
 test: deps
