@@ -273,30 +273,59 @@ class _Handler(BaseHTTPRequestHandler):
             pass  # a missing namespace answers like a missing object (NotFound on get)
         if method == "POST" and res.namespaced:
             self._require_namespace(namespace)
+        dry_run = self._dry_run(method, query)
         if method == "GET" and not name:
             return self._watch(res, version, namespace, query) if watching else \
                 self._list(res, version, namespace, query)
         if method == "POST" and not name:
             body = self._read_body()
-            obj = store.create(res, namespace, body or {})
+            obj = store.create(res, namespace, body or {}, dry_run=dry_run)
             return self._send(201, served(obj, res, version))
         if not name:
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
                            "resource", {})
         if sub == "scale":
-            return self._scale(method, res, namespace, name)
+            return self._scale(method, res, namespace, name, dry_run)
         if method == "GET":
             return self._send(200, served(store.get(res, namespace, name), res, version))
         if method == "PUT":
             body = self._read_body() or {}
-            obj = store.update(res, namespace, name, body, subresource=sub)
+            obj = store.update(res, namespace, name, body, subresource=sub, dry_run=dry_run)
             return self._send(200, served(obj, res, version))
         if method == "PATCH":
-            return self._patch(res, version, namespace, name, sub)
+            return self._patch(res, version, namespace, name, sub, dry_run)
         if method == "DELETE":
-            out, gone = store.delete(res, namespace, name)
-            return self._send(200, out if gone else served(out, res, version))
+            options = self._delete_options(query)
+            out, gone = store.delete(res, namespace, name, options, dry_run=dry_run)
+            # the real server's 202: not gone yet, and cascading deletion asked with orphanDependents: false
+            code = 202 if not gone and options.get("orphanDependents") is False else 200
+            return self._send(code, out if gone else served(out, res, version))
         raise ApiError(405, "MethodNotAllowed", "method not allowed", {})
+
+    @staticmethod
+    def _dry_run(method, query):
+        """?dryRun=All: validated and answered as the write would be, nothing stored."""
+        if "dryRun" not in query or method == "GET":
+            return False
+        if query["dryRun"] != "All":
+            kind = {"POST": "CreateOptions", "PUT": "UpdateOptions", "PATCH": "PatchOptions",
+                    "DELETE": "DeleteOptions"}[method]
+            raise ApiError(422, "Invalid", f'{kind}.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
+                           f'[]string{{"{query["dryRun"]}"}}: supported values: "All"',
+                           {"kind": kind, "group": "meta.k8s.io"})
+        return True
+
+    def _delete_options(self, query):
+        """DeleteOptions from the body (as client libraries send them) or the query string."""
+        body = self._read_body() or {}
+        if not isinstance(body, dict) or body.get("kind", "DeleteOptions") != "DeleteOptions":
+            raise ApiError(400, "BadRequest", "the body of the request was not a DeleteOptions object")
+        options = dict(body)
+        if "propagationPolicy" in query:
+            options["propagationPolicy"] = query["propagationPolicy"]
+        if "orphanDependents" in query:
+            options["orphanDependents"] = query["orphanDependents"] == "true"
+        return options
 
     def _require_namespace(self, namespace):
         store = self.sim.store
@@ -334,7 +363,7 @@ class _Handler(BaseHTTPRequestHandler):
                                   f'{res.group}/{res.preferred} {res.kind}"')
         self._send(200, body, headers=headers)
 
-    def _patch(self, res, version, namespace, name, sub):
+    def _patch(self, res, version, namespace, name, sub, dry_run=False):
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
         if ctype not in PATCH_TYPES:
             raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
@@ -364,10 +393,11 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     patched.pop("status", None)
             obj = store.update(res, namespace, name, patched, subresource=sub,
-                               precondition_rv=precondition or current["metadata"]["resourceVersion"])
+                               precondition_rv=precondition or current["metadata"]["resourceVersion"],
+                               dry_run=dry_run)
         self._send(200, served(obj, res, version))
 
-    def _scale(self, method, res, namespace, name):
+    def _scale(self, method, res, namespace, name, dry_run=False):
         store = self.sim.store
         with store.lock:
             obj = store.get(res, namespace, name)
@@ -379,7 +409,8 @@ class _Handler(BaseHTTPRequestHandler):
                                    f"Invalid value: {replicas}: must be greater than or equal to 0", {})
                 new = copy.deepcopy(obj)
                 new.setdefault("spec", {})["replicas"] = replicas
-                obj = store.update(res, namespace, name, new, precondition_rv=obj["metadata"]["resourceVersion"])
+                obj = store.update(res, namespace, name, new, precondition_rv=obj["metadata"]["resourceVersion"],
+                                   dry_run=dry_run)
         meta = obj["metadata"]
         selector = (obj.get("spec") or {}).get("selector", {}).get("matchLabels", {})
         self._send(200, {"kind": "Scale", "apiVersion": "autoscaling/v1",

@@ -206,7 +206,7 @@ class Store:
         return out, meta
 
     # ------------------------------------------------------------ writes
-    def create(self, res, namespace, body, served_version=None):
+    def create(self, res, namespace, body, served_version=None, dry_run=False):
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "the object provided is unrecognized (must be of type object)")
         meta = dict(body.get("metadata") or {})
@@ -236,15 +236,20 @@ class Store:
                 raise ApiError(409, "AlreadyExists", f'{res.group_resource} "{name}" already exists',
                                _details(res, name))
             meta.pop("deletionTimestamp", None)
-            meta.update(uid=str(uuid.uuid4()), resourceVersion=str(self._next_rv()),
-                        creationTimestamp=meta.get("creationTimestamp") or now(), generation=1)
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=meta.get("creationTimestamp") or now(),
+                        generation=1)
             obj["apiVersion"] = res.api_version(res.preferred)
+            if dry_run:  # validated and answered, never stored: no resourceVersion, as etcd never saw it
+                meta.pop("resourceVersion", None)
+                return obj
+            meta["resourceVersion"] = str(self._next_rv())
             items[key] = obj
             self._record(res, "ADDED", None, obj)
         return obj
 
-    def _store_update(self, res, key, old, new):
-        """Write new over old; a deleting object whose last finalizer went is removed."""
+    def _store_update(self, res, key, old, new, dry_run=False):
+        """Write new over old; a deleting object whose last finalizer went is removed.
+        A dry run answers what the write would give and stores nothing."""
         items = self.objects[(res.group, res.plural)]
         meta = new["metadata"]
         if old.get("spec") != new.get("spec") or meta.get("deletionTimestamp") != \
@@ -252,6 +257,8 @@ class Store:
             meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
         if new == old:
             return old  # a no-op write keeps the resourceVersion, as the real server does
+        if dry_run:
+            return new
         meta["resourceVersion"] = str(self._next_rv())
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             del items[key]
@@ -261,7 +268,8 @@ class Store:
         self._record(res, "MODIFIED", old, new)
         return new
 
-    def update(self, res, namespace, name, body, subresource=None, precondition_rv=None, require_rv=True):
+    def update(self, res, namespace, name, body, subresource=None, precondition_rv=None, require_rv=True,
+               dry_run=False):
         """Replace (PUT) or apply an already-patched body; status only via the status subresource."""
         with self.lock:
             key = (namespace or "", name)
@@ -292,37 +300,114 @@ class Store:
                 if "status" in res.subresources and "status" in old:
                     new["status"] = copy.deepcopy(old["status"])
                 new["metadata"] = {**copy.deepcopy(body.get("metadata") or {}), **kept}
-                if old["metadata"].get("deletionTimestamp"):
-                    # finalizers may only be removed once deleting, not added
-                    pass
                 new["apiVersion"], new["kind"] = old["apiVersion"], old["kind"]
                 self._validate_meta(res, new)
+                if old["metadata"].get("deletionTimestamp"):
+                    self._no_new_finalizers(res, old, new)
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-            return self._store_update(res, key, old, new)
+            return self._store_update(res, key, old, new, dry_run=dry_run)
 
-    def delete(self, res, namespace, name):
+    @staticmethod
+    def _no_new_finalizers(res, old, new):
+        """Once deleting, finalizers may only be removed (ValidateObjectMetaUpdate)."""
+        before = set(old["metadata"].get("finalizers") or [])
+        added = [f for f in new["metadata"].get("finalizers") or [] if f not in before]
+        if added:
+            found = "[]string{" + ", ".join('"%s"' % f for f in added) + "}"
+            raise invalid(res, old["metadata"]["name"], res.kind, [{
+                "reason": "FieldValueForbidden", "field": "metadata.finalizers",
+                "message": "Forbidden: no new finalizers can be added if the object is being deleted, found new "
+                           "finalizers " + found}])
+
+    def delete(self, res, namespace, name, options=None, dry_run=False):
+        """DELETE with DeleteOptions: preconditions (uid, resourceVersion: 409 when they differ), the
+        garbage collector's finalizer for propagationPolicy Foreground / Orphan (or orphanDependents).
+        Returns (answer, gone): the deleting object, or a Status when it is gone."""
+        options = options or {}
+        policy, orphan = options.get("propagationPolicy"), options.get("orphanDependents")
+        if policy not in (None, "Foreground", "Background", "Orphan"):
+            raise ApiError(422, "Invalid", f'DeleteOptions.meta.k8s.io "" is invalid: propagationPolicy: '
+                           f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan"',
+                           {"kind": "DeleteOptions", "group": "meta.k8s.io"})
+        if policy is not None and orphan is not None:
+            raise ApiError(422, "Invalid", 'DeleteOptions.meta.k8s.io "" is invalid: propagationPolicy: Invalid '
+                           'value: "%s": orphanDependents and deletionPropagation cannot be both set' % policy,
+                           {"kind": "DeleteOptions", "group": "meta.k8s.io"})
+        gc_finalizer = {"Foreground": "foregroundDeletion", "Orphan": "orphan"}.get(policy) or \
+            ("orphan" if orphan is True else None)
         with self.lock:
             key = (namespace or "", name)
             items = self.objects[(res.group, res.plural)]
             old = items.get(key)
             if old is None:
                 raise not_found(res, name)
-            if old["metadata"].get("finalizers"):
+            self._check_preconditions(res, old, options.get("preconditions") or {})
+            finalizers = list(old["metadata"].get("finalizers") or [])
+            if gc_finalizer and gc_finalizer not in finalizers and not old["metadata"].get("deletionTimestamp"):
+                finalizers.append(gc_finalizer)
+            if finalizers:
                 if old["metadata"].get("deletionTimestamp"):
                     return old, False
                 new = copy.deepcopy(old)
+                new["metadata"]["finalizers"] = finalizers
                 new["metadata"]["deletionTimestamp"] = now()
                 new["metadata"]["deletionGracePeriodSeconds"] = 0
-                return self._store_update(res, key, old, new), False
+                out = self._store_update(res, key, old, new, dry_run=dry_run)
+                if gc_finalizer and not dry_run:
+                    self._collect_garbage_later(res, key, gc_finalizer)
+                return out, False
+            details = _details(res, name)
+            details["uid"] = old["metadata"]["uid"]
+            status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}
+            if dry_run:
+                return status, True
             del items[key]
             self._next_rv()
             gone = copy.deepcopy(old)
             gone["metadata"]["resourceVersion"] = str(self.rv)
             self._record(res, "DELETED", old, gone)
-            details = _details(res, name)
-            details["uid"] = old["metadata"]["uid"]
-            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                    "details": details}, True
+            return status, True
+
+    @staticmethod
+    def _check_preconditions(res, obj, preconditions):
+        meta = obj["metadata"]
+        for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+            wanted = preconditions.get(field)
+            if wanted is not None and wanted != meta.get(field):
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.group_resource} '
+                               f'"{meta["name"]}": Precondition failed: {label} in precondition: {wanted}, '
+                               f'{label} in object meta: {meta.get(field)}', _details(res, meta["name"]))
+
+    def _collect_garbage_later(self, res, key, finalizer):
+        """The garbage collector, as kube-controller-manager runs it, a moment after the DELETE:
+        Foreground deletes the dependents (objects whose ownerReferences name this uid) first;
+        Orphan removes those ownerReferences; then the finalizer goes (and the object, when it
+        was the last one)."""
+        def collect():
+            with self.lock:
+                obj = self.objects[(res.group, res.plural)].get(key)
+                if obj is None or finalizer not in (obj["metadata"].get("finalizers") or []):
+                    return
+                uid = obj["metadata"]["uid"]
+                for (group, plural), items in self.objects.items():
+                    dep_res = self.resources[(group, plural)]
+                    for dep_key, dep in list(items.items()):
+                        refs = dep["metadata"].get("ownerReferences") or []
+                        if not any(r.get("uid") == uid for r in refs):
+                            continue
+                        if finalizer == "foregroundDeletion":
+                            self.delete(dep_res, dep_key[0] or None, dep_key[1])
+                        else:
+                            new = copy.deepcopy(dep)
+                            new["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != uid]
+                            self._store_update(dep_res, dep_key, dep, new)
+                obj = self.objects[(res.group, res.plural)].get(key)
+                new = copy.deepcopy(obj)
+                new["metadata"]["finalizers"] = [f for f in obj["metadata"]["finalizers"] if f != finalizer]
+                self._store_update(res, key, obj, new)
+        timer = threading.Timer(0.05, collect)
+        timer.daemon = True
+        timer.start()
 
     def compact(self):
         """Forget list snapshots and watch history, as an apiserver restart after an etcd

@@ -260,6 +260,95 @@ def test_delete_without_finalizer_returns_status(co):
     assert gone["kind"] == "Status" and gone["status"] == "Success" and gone["details"]["uid"]
 
 
+def test_dry_run_answers_and_stores_nothing(sim, co):
+    path = "/apis/cluster.x-k8s.io/v1beta2/namespaces/metal3/machines"
+    status, body = raw(sim, path + "?dryRun=All", method="POST", body=machine_body("dry-1"),
+                       ctype="application/json")
+    # answered as a create, never stored: no resourceVersion (etcd never saw it)
+    assert status == 201 and body["metadata"]["uid"] and "resourceVersion" not in body["metadata"]
+    assert raw(sim, path + "/dry-1")[0] == 404
+    co.create_namespaced_custom_object(G, V, "metal3", "machines", machine_body("dry-2"))
+    before = co.get_namespaced_custom_object(G, V, "metal3", "machines", "dry-2")
+    status, body = raw(sim, path + "/dry-2?dryRun=All", method="PATCH",
+                       body={"metadata": {"annotations": {HOOK: "x"}}}, ctype="application/merge-patch+json")
+    assert status == 200 and body["metadata"]["annotations"][HOOK] == "x"
+    assert body["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    status, body = raw(sim, path + "/dry-2?dryRun=All", method="DELETE")
+    assert status == 200 and body["status"] == "Success"
+    assert co.get_namespaced_custom_object(G, V, "metal3", "machines", "dry-2") == before
+    status, body = raw(sim, path + "/dry-2?dryRun=true", method="DELETE")
+    assert status == 422 and body["message"] == ('DeleteOptions.meta.k8s.io "" is invalid: dryRun: Unsupported '
+                                                 'value: []string{"true"}: supported values: "All"')
+
+
+def test_delete_options_preconditions_and_propagation(sim, co):
+    path = "/apis/cluster.x-k8s.io/v1beta2/namespaces/metal3/machines"
+    uid = co.create_namespaced_custom_object(G, V, "metal3", "machines", machine_body("opt-1"))["metadata"]["uid"]
+    status, body = raw(sim, path + "/opt-1", method="DELETE", ctype="application/json",
+                       body={"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": "not-" + uid}})
+    assert status == 409 and body["reason"] == "Conflict"
+    assert body["message"] == ('Operation cannot be fulfilled on machines.cluster.x-k8s.io "opt-1": Precondition '
+                               'failed: UID in precondition: not-%s, UID in object meta: %s' % (uid, uid))
+    # Foreground: the garbage collector's finalizer, then (no dependents) the object goes
+    status, body = raw(sim, path + "/opt-1", method="DELETE", ctype="application/json",
+                       body={"kind": "DeleteOptions", "propagationPolicy": "Foreground", "preconditions": {"uid": uid}})
+    assert status == 200 and body["metadata"]["finalizers"] == ["foregroundDeletion"]
+    assert body["metadata"]["deletionTimestamp"]
+    deadline = time.time() + 5
+    while raw(sim, path + "/opt-1")[0] != 404:
+        assert time.time() < deadline, "the foregroundDeletion finalizer never went"
+        time.sleep(0.05)
+    # orphanDependents: false on an object a finalizer holds: 202 Accepted
+    co.create_namespaced_custom_object(G, V, "metal3", "machines", machine_body("opt-2", ["machine.cluster.x-k8s.io"]))
+    status, body = raw(sim, path + "/opt-2", method="DELETE", ctype="application/json",
+                       body={"kind": "DeleteOptions", "orphanDependents": False})
+    assert status == 202 and body["metadata"]["deletionTimestamp"]
+
+
+def test_foreground_deletes_dependents_first_orphan_keeps_them(sim, co):
+    owner = co.create_namespaced_custom_object(G, V, "metal3", "machines", machine_body("own-1"))
+    ref = {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": "own-1",
+           "uid": owner["metadata"]["uid"], "blockOwnerDeletion": True}
+    for name in ("dep-1", "dep-2"):
+        body = machine_body(name)
+        body["metadata"]["ownerReferences"] = [ref]
+        co.create_namespaced_custom_object(G, V, "metal3", "machines", body)
+    co.delete_namespaced_custom_object(G, V, "metal3", "machines", "own-1", propagation_policy="Orphan")
+    deadline = time.time() + 5
+    while "own-1" in names(co.list_namespaced_custom_object(G, V, "metal3", "machines")):
+        assert time.time() < deadline
+        time.sleep(0.05)
+    kept = co.get_namespaced_custom_object(G, V, "metal3", "machines", "dep-1")
+    assert not kept["metadata"].get("ownerReferences")  # orphaned, not deleted
+    owner = co.create_namespaced_custom_object(G, V, "metal3", "machines", machine_body("own-2"))
+    body = machine_body("dep-3")
+    body["metadata"]["ownerReferences"] = [dict(ref, name="own-2", uid=owner["metadata"]["uid"])]
+    co.create_namespaced_custom_object(G, V, "metal3", "machines", body)
+    co.delete_namespaced_custom_object(G, V, "metal3", "machines", "own-2", propagation_policy="Foreground")
+    deadline = time.time() + 5
+    while {"own-2", "dep-3"} & set(names(co.list_namespaced_custom_object(G, V, "metal3", "machines"))):
+        assert time.time() < deadline
+        time.sleep(0.05)
+
+
+def test_no_new_finalizer_on_a_deleting_object_is_422(co):
+    co.create_namespaced_custom_object(G, V, "metal3", "machines", machine_body("fin-del", ["machine.cluster.x-k8s.io"]))
+    co.delete_namespaced_custom_object(G, V, "metal3", "machines", "fin-del")
+    with pytest.raises(ApiException) as err:
+        co.patch_namespaced_custom_object(G, V, "metal3", "machines", "fin-del",
+                                          {"metadata": {"finalizers": ["machine.cluster.x-k8s.io", "extra/one"]}})
+    status = json.loads(err.value.body)
+    assert err.value.status == 422 and status["reason"] == "Invalid"
+    assert status["message"] == ('Machine.cluster.x-k8s.io "fin-del" is invalid: metadata.finalizers: Forbidden: '
+                                 'no new finalizers can be added if the object is being deleted, found new '
+                                 'finalizers []string{"extra/one"}')
+    # removing one is allowed, and the last one going deletes it
+    co.patch_namespaced_custom_object(G, V, "metal3", "machines", "fin-del", {"metadata": {"finalizers": []}})
+    with pytest.raises(ApiException) as err:
+        co.get_namespaced_custom_object(G, V, "metal3", "machines", "fin-del")
+    assert err.value.status == 404
+
+
 def test_v1beta1_read_prunes_apigroup_and_warns(sim):
     status, body = raw(sim, "/apis/cluster.x-k8s.io/v1beta1/namespaces/metal3/machines/hpc-compute-7d9f8-abcde")
     assert status == 200 and body["apiVersion"] == "cluster.x-k8s.io/v1beta1"
