@@ -95,7 +95,10 @@ options:
     elements: str
     default: []
   host_naming:
-    description: Name hosts after the Machine, or after its Kubernetes Node (nodeRef) when it has one.
+    description:
+      - Name hosts after the Machine, or after its Kubernetes Node (nodeRef) when it has one.
+      - When Machines of several namespaces would share a host name, the one created first keeps it and the
+        others are named C(<namespace>_<name>), with a warning, so a new Machine never renames an existing host.
     type: str
     choices: [machine, node]
     default: machine

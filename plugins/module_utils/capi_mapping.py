@@ -133,6 +133,29 @@ def _hardware(machine, m3m_index, bmh_index):
     return m3m, bmh
 
 
+def _base_name(machine, opts):
+    meta, status = machine.get("metadata") or {}, machine.get("status") or {}
+    node_ref = (status.get("nodeRef") or {}).get("name")
+    return node_ref if opts.host_naming == "node" and node_ref else meta.get("name")
+
+
+def _first_holders(machines, clusters, opts):
+    """Host name -> the Machine (namespace/name) created first among those it would name. That
+    one keeps the bare name and the others are qualified with their namespace, so a new Machine
+    never renames an existing host, whatever its namespace sorts as."""
+    firsts = {}
+    for machine in machines:
+        meta = machine.get("metadata") or {}
+        cluster = (machine.get("spec") or {}).get("clusterName") or (meta.get("labels") or {}).get(CLUSTER_LABEL)
+        if clusters and cluster not in clusters:
+            continue
+        key = (meta.get("creationTimestamp") or "", meta.get("namespace") or "", meta.get("name") or "")
+        name = _base_name(machine, opts)
+        if name not in firsts or key < firsts[name][0]:
+            firsts[name] = (key, "%s/%s" % (meta.get("namespace"), meta.get("name")))
+    return {name: ident for name, (dummy, ident) in firsts.items()}
+
+
 def build(objects, opts):
     """Map {'machines': [...], 'metal3machines': [...], 'baremetalhosts': [...]} to a MappedInventory."""
     inv = MappedInventory()
@@ -142,6 +165,7 @@ def build(objects, opts):
     bmh_index = {(o["metadata"].get("namespace"), o["metadata"]["name"]): o
                  for o in objects.get("baremetalhosts") or []}
     clusters = set(opts.clusters)
+    firsts = _first_holders(objects.get("machines") or [], clusters, opts)
     for machine in objects.get("machines") or []:
         meta = machine.get("metadata") or {}
         spec = machine.get("spec") or {}
@@ -183,11 +207,11 @@ def build(objects, opts):
                 if opts.nic_names else ""))
             continue
         node_ref = (status.get("nodeRef") or {}).get("name")
-        name = node_ref if opts.host_naming == "node" and node_ref else meta["name"]
-        if name in inv.hosts:
+        name = _base_name(machine, opts)
+        if firsts.get(name) != ident or name in inv.hosts:
             qualified = "%s_%s" % (meta.get("namespace"), name)
-            inv.warnings.append("Machine %s: host name %s is taken by another namespace, using %s"
-                                % (ident, name, qualified))
+            inv.warnings.append("Machine %s: host name %s belongs to the older Machine %s, using %s"
+                                % (ident, name, firsts.get(name), qualified))
             name = qualified
         md = labels.get(DEPLOYMENT_LABEL)
         mp = labels.get(POOL_LABEL) or _owner(meta, "MachinePool")
@@ -241,7 +265,7 @@ def build(objects, opts):
 
 
 _KEEP_META = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "ownerReferences",
-              "resourceVersion")
+              "resourceVersion", "creationTimestamp")
 
 
 def trim(obj, spec_keys=(), status_keys=()):

@@ -169,6 +169,25 @@ def test_same_name_in_two_namespaces_is_qualified():
     assert "other_hpc-compute-7d9f8-abcde" in inv.hosts
 
 
+def test_a_new_machine_never_renames_an_existing_host():
+    # a Machine of the same name appears in a namespace that sorts first ("a-early" < "metal3"):
+    # the older Machine keeps the bare name, the new one is qualified, whatever the list order
+    objects = v1beta2_with_metal3()
+    old = [m for m in objects["machines"] if m["metadata"]["name"] == "hpc-compute-7d9f8-abcde"][0]
+    before = build(copy.deepcopy(objects), MappingOptions())
+    assert before.hosts["hpc-compute-7d9f8-abcde"]["capi"]["namespace"] == old["metadata"]["namespace"]
+    twin = copy.deepcopy(old)
+    twin["metadata"].update(namespace="a-early", uid="new-uid", creationTimestamp="2099-01-01T00:00:00Z")
+    for order in (lambda ms: [twin] + ms, lambda ms: ms + [twin]):
+        trial = copy.deepcopy(objects)
+        trial["machines"] = order(trial["machines"])
+        inv = build(trial, MappingOptions())
+        assert inv.hosts["hpc-compute-7d9f8-abcde"]["capi"]["namespace"] == old["metadata"]["namespace"]
+        assert inv.hosts["a-early_hpc-compute-7d9f8-abcde"]["capi"]["uid"] == "new-uid"
+        assert any("belongs to the older Machine %s/hpc-compute-7d9f8-abcde" % old["metadata"]["namespace"] in w
+                   for w in inv.warnings), inv.warnings
+
+
 @pytest.mark.parametrize("raw,clean", [("compute", "compute"), ("GPU_Compute.v2", "GPU_Compute_v2"),
                                        ("4gpu", "_4gpu"), ("a-b", "a_b")])
 def test_sanitize_group(raw, clean):
