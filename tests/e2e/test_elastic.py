@@ -139,8 +139,8 @@ def test_drain_timeout_keeps_the_hook_and_names_node_and_job(lab):
     assert res.returncode != 0
     log = open(os.path.join(STATE, "logs", "scale_down.log")).read()
     assert re.search(r"node %s still runs job\(s\) %s after 5 s" % (node, job), log), log[-3000:]
-    held = lab.get_namespaced_custom_object(G, V, NS, "machines", victim["metadata"]["name"])
-    assert HOOK in held["metadata"]["annotations"] and held["status"]["phase"] == "Deleting"
+    held = assert_held(lab, victim)
+    assert held["status"]["phase"] == "Deleting"
     assert node in containers()
     assert slurm_nodes()[node] == "drng"  # draining: the job goes on, nothing new starts
     assert "RUNNING" in on(CTL, "squeue --noheader --job %s --format %%T" % job).stdout
@@ -239,6 +239,19 @@ def in_background(fn, *args):
     return thread, box
 
 
+def assert_held(co, machine):
+    """The Machine still carries our hook: Cluster API keeps it."""
+    held = co.get_namespaced_custom_object(G, V, NS, "machines", machine["metadata"]["name"])
+    assert HOOK in held["metadata"]["annotations"], held["metadata"]
+    return held
+
+
+def wait_gone(co, machine, timeout=120):
+    """The simulator's Cluster API controller removed the Machine (its hook was released)."""
+    wait_for("Machine %s to be gone" % machine["metadata"]["name"], lambda: machine["metadata"]["name"] not in
+             {m["metadata"]["name"] for m in compute_machines(co)}, timeout)
+
+
 def victims(co, count):
     return sorted(compute_machines(co, deleting=False), key=hostname)[-count:]
 
@@ -306,13 +319,11 @@ def test_the_management_cluster_unreachable_when_the_hook_would_be_released(lab)
     # not half-removed: out of Slurm and slurmd stopped, the Machine still held by the hook
     assert node not in slurm_nodes()
     assert on(node, "systemctl is-active slurmd", check=False).stdout.strip() != "active"
-    held = lab.get_namespaced_custom_object(G, V, NS, "machines", victim["metadata"]["name"])
-    assert HOOK in held["metadata"]["annotations"]
+    assert_held(lab, victim)
     # a later run, with the management cluster back, releases it
     res = LAB.playbook("scale_down.yml")
     assert res.returncode == 0, res.stdout[-3000:]
-    wait_for("the Machine to be gone", lambda: victim["metadata"]["name"] not in
-             {m["metadata"]["name"] for m in compute_machines(lab)}, 120)
+    wait_gone(lab, victim)
     record("management cluster unreachable at release: failure -> released by the next run", time.time() - failed)
 
 
@@ -415,12 +426,10 @@ def test_the_primary_controller_killed_during_a_drain(lab):
     if first.returncode != 0:
         # the run was talking to Slurm through the dead machine: it failed, the hook stayed;
         # the next run (AWX's retry, the reconcile) goes through the backup
-        held = lab.get_namespaced_custom_object(G, V, NS, "machines", victim["metadata"]["name"])
-        assert HOOK in held["metadata"]["annotations"]
+        assert_held(lab, victim)
         res = LAB.playbook("scale_down.yml")
         assert res.returncode == 0, res.stdout[-3000:]
-    wait_for("the Machine to be gone", lambda: victim["metadata"]["name"] not in
-             {m["metadata"]["name"] for m in compute_machines(lab)}, 120)
+    wait_gone(lab, victim)
     safe = time.time()
     completed([job, other])
     ended = int(on(CTL, "date -d %s +%%s" % job_record(job)["EndTime"]).stdout.strip())
