@@ -17,7 +17,8 @@ description:
     C(BareMetalHost) when Metal3 is installed, and groups them by their node-type label.
   - One paginated list per kind, never a request per Machine.
   - "Groups: C(<group_prefix><node-type>) for each node-type label value (controller, compute, login...),
-    C(capi_cluster_<cluster>), C(capi_md_<MachineDeployment>), C(capi_mp_<MachinePool>), and
+    C(capi_cluster_<cluster>), C(capi_md_<MachineDeployment>), C(capi_mp_<MachinePool>) (with the namespace,
+    C(capi_md_<namespace>_<name>), when several namespaces have one of that name), and
     C(capi_deleting) (O(deleting_group)) for Machines being deleted, which are in no node-type group."
   - Hostvars are C(ansible_host) and one dict (O(hostvar_name), default C(capi)) with the Machine's name,
     namespace, cluster, phase, provider_id, node_type, labels, annotations, deletion_timestamp,

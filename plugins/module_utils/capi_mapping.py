@@ -10,8 +10,9 @@ objects. The groups produced are the contract with the roles:
   <prefix><node-type>       every Machine by its node-type label value
                             (controller, compute, login, ...), not being deleted
   capi_cluster_<name>       by cluster (cluster.x-k8s.io/cluster-name)
-  capi_md_<name>            by owning MachineDeployment
-  capi_mp_<name>            by owning MachinePool
+  capi_md_<name>            by owning MachineDeployment (capi_md_<namespace>_<name> when
+                            several namespaces have one of that name)
+  capi_mp_<name>            by owning MachinePool (the same)
   capi_deleting             Machines with metadata.deletionTimestamp set (only here)
 """
 
@@ -166,6 +167,8 @@ def build(objects, opts):
                  for o in objects.get("baremetalhosts") or []}
     clusters = set(opts.clusters)
     firsts = _first_holders(objects.get("machines") or [], clusters, opts)
+    owners = _owner_namespaces(objects.get("machines") or [], clusters)
+    warned = set()
     for machine in objects.get("machines") or []:
         meta = machine.get("metadata") or {}
         spec = machine.get("spec") or {}
@@ -257,11 +260,37 @@ def build(objects, opts):
             inv.add(group, name)
         if cluster:
             inv.add(sanitize_group("capi_cluster_" + cluster), name)
-        if md:
-            inv.add(sanitize_group("capi_md_" + md), name)
-        if mp:
-            inv.add(sanitize_group("capi_mp_" + mp), name)
+        for prefix, kind, owner in (("capi_md_", "MachineDeployment", md), ("capi_mp_", "MachinePool", mp)):
+            if not owner:
+                continue
+            spaces = owners.get((kind, owner), ())
+            if len(spaces) > 1:
+                # one name in several namespaces: never one group for different owners
+                if (kind, owner) not in warned:
+                    warned.add((kind, owner))
+                    inv.warnings.append("%s %s exists in namespaces %s: its groups are %s" % (
+                        kind, owner, ", ".join(sorted(spaces)),
+                        ", ".join(sanitize_group("%s%s_%s" % (prefix, ns, owner)) for ns in sorted(spaces))))
+                inv.add(sanitize_group("%s%s_%s" % (prefix, meta.get("namespace"), owner)), name)
+            else:
+                inv.add(sanitize_group(prefix + owner), name)
     return inv
+
+
+def _owner_namespaces(machines, clusters):
+    """(MachineDeployment|MachinePool, name) -> the namespaces whose Machines name it."""
+    out = {}
+    for machine in machines:
+        meta = machine.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        cluster = (machine.get("spec") or {}).get("clusterName") or labels.get(CLUSTER_LABEL)
+        if clusters and cluster not in clusters:
+            continue
+        for kind, owner in (("MachineDeployment", labels.get(DEPLOYMENT_LABEL)),
+                            ("MachinePool", labels.get(POOL_LABEL) or _owner(meta, "MachinePool"))):
+            if owner:
+                out.setdefault((kind, owner), set()).add(meta.get("namespace"))
+    return out
 
 
 _KEEP_META = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "ownerReferences",

@@ -169,6 +169,20 @@ def test_same_name_in_two_namespaces_is_qualified():
     assert "other_hpc-compute-7d9f8-abcde" in inv.hosts
 
 
+def test_machine_deployments_of_one_name_in_two_namespaces_are_two_groups():
+    objects = v1beta2_with_metal3()
+    twin = copy.deepcopy([m for m in objects["machines"] if m["metadata"]["name"] == "hpc-compute-7d9f8-abcde"][0])
+    twin["metadata"].update(namespace="other", name="other-compute-1")
+    objects["machines"].append(twin)
+    inv = build(objects, MappingOptions())
+    assert "capi_md_hpc_compute" not in inv.groups  # never one group for two MachineDeployments
+    assert inv.groups["capi_md_other_hpc_compute"] == ["other-compute-1"]
+    assert "hpc-compute-7d9f8-abcde" in inv.groups["capi_md_metal3_hpc_compute"]
+    assert "other-compute-1" not in inv.groups["capi_md_metal3_hpc_compute"]
+    clash = "MachineDeployment hpc-compute exists in namespaces metal3, other"
+    assert [w for w in inv.warnings if w.startswith(clash)], inv.warnings
+
+
 def test_a_new_machine_never_renames_an_existing_host():
     # a Machine of the same name appears in a namespace that sorts first ("a-early" < "metal3"):
     # the older Machine keeps the bare name, the new one is qualified, whatever the list order
