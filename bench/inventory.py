@@ -40,17 +40,16 @@ TOKEN = "bench-token"
 
 def templates():
     with open(os.path.join(REPO, "tests", "fixtures", "capi-hpc.yaml")) as fh:
-        docs = [d for d in yaml.safe_load_all(fh) if d]
+        docs = []
+        for doc in yaml.safe_load_all(fh):  # the fixture is one `kind: List` document
+            docs.extend((doc.get("items") or []) if doc and doc.get("kind") == "List" else [doc] if doc else [])
     pick = {d["kind"]: d for d in docs if d["metadata"]["name"] in ("hpc-compute-7d9f8-abcde", "hpc-cn-01")}
     return pick["Machine"], pick["Metal3Machine"], pick["BareMetalHost"]
 
 
 def populate(store, n):
     machine, m3m, bmh = templates()
-    kinds = [("cluster.x-k8s.io", "Machine"), ("infrastructure.cluster.x-k8s.io", "Metal3Machine"),
-             ("metal3.io", "BareMetalHost")]
-    res = {k: store.kinds[k] for k in kinds}
-    store.load([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "scale"}}])
+    docs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "scale"}}]
     for i in range(n):
         name, host = "hpc-compute-%05d" % i, "hpc-cn-%05d" % i
         ip = "10.%d.%d.%d" % (100 + i // 65536, (i // 256) % 256, i % 256)
@@ -70,12 +69,9 @@ def populate(store, n):
                 meta["annotations"]["metal3.io/BareMetalHost"] = "scale/" + host
             else:
                 obj["status"]["hardware"]["nics"][0]["ip"] = ip
-            group = {"Machine": "cluster.x-k8s.io", "Metal3Machine": "infrastructure.cluster.x-k8s.io",
-                     "BareMetalHost": "metal3.io"}[kind]
-            r = res[(group, kind)]
-            status = obj.pop("status", None)
-            created = store.create(r, "scale", obj)
-            created["status"] = status  # as a controller's status update would
+            docs.append(obj)
+    # loaded as a controller wrote them: with status and managedFields, as the real server returns them
+    store.load(docs, strict=True)
 
 
 def fetch_only(url, page_size):

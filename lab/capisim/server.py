@@ -12,6 +12,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from .fields import manager_from
 from .patch import JsonPatchError, json_patch, merge_patch
 from .selectors import SelectorError, field_matches, matches, parse_field_selector, parse_label_selector
 from .store import ApiError, Store
@@ -274,26 +275,27 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "POST" and res.namespaced:
             self._require_namespace(namespace)
         dry_run = self._dry_run(method, query)
+        manager = manager_from(query, self.headers.get("User-Agent"))
         if method == "GET" and not name:
             return self._watch(res, version, namespace, query) if watching else \
                 self._list(res, version, namespace, query)
         if method == "POST" and not name:
             body = self._read_body()
-            obj = store.create(res, namespace, body or {}, dry_run=dry_run)
+            obj = store.create(res, namespace, body or {}, dry_run=dry_run, manager=manager)
             return self._send(201, served(obj, res, version))
         if not name:
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
                            "resource", {})
         if sub == "scale":
-            return self._scale(method, res, namespace, name, dry_run)
+            return self._scale(method, res, namespace, name, dry_run, manager)
         if method == "GET":
             return self._send(200, served(store.get(res, namespace, name), res, version))
         if method == "PUT":
             body = self._read_body() or {}
-            obj = store.update(res, namespace, name, body, subresource=sub, dry_run=dry_run)
+            obj = store.update(res, namespace, name, body, subresource=sub, dry_run=dry_run, manager=manager)
             return self._send(200, served(obj, res, version))
         if method == "PATCH":
-            return self._patch(res, version, namespace, name, sub, dry_run)
+            return self._patch(res, version, namespace, name, sub, dry_run, manager)
         if method == "DELETE":
             options = self._delete_options(query)
             out, gone = store.delete(res, namespace, name, options, dry_run=dry_run)
@@ -363,7 +365,7 @@ class _Handler(BaseHTTPRequestHandler):
                                   f'{res.group}/{res.preferred} {res.kind}"')
         self._send(200, body, headers=headers)
 
-    def _patch(self, res, version, namespace, name, sub, dry_run=False):
+    def _patch(self, res, version, namespace, name, sub, dry_run=False, manager=None):
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
         if ctype not in PATCH_TYPES:
             raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
@@ -394,10 +396,10 @@ class _Handler(BaseHTTPRequestHandler):
                     patched.pop("status", None)
             obj = store.update(res, namespace, name, patched, subresource=sub,
                                precondition_rv=precondition or current["metadata"]["resourceVersion"],
-                               dry_run=dry_run)
+                               dry_run=dry_run, manager=manager)
         self._send(200, served(obj, res, version))
 
-    def _scale(self, method, res, namespace, name, dry_run=False):
+    def _scale(self, method, res, namespace, name, dry_run=False, manager=None):
         store = self.sim.store
         with store.lock:
             obj = store.get(res, namespace, name)
@@ -410,7 +412,7 @@ class _Handler(BaseHTTPRequestHandler):
                 new = copy.deepcopy(obj)
                 new.setdefault("spec", {})["replicas"] = replicas
                 obj = store.update(res, namespace, name, new, precondition_rv=obj["metadata"]["resourceVersion"],
-                                   dry_run=dry_run)
+                                   dry_run=dry_run, manager=manager, subresource="scale")
         meta = obj["metadata"]
         selector = (obj.get("spec") or {}).get("selector", {}).get("matchLabels", {})
         self._send(200, {"kind": "Scale", "apiVersion": "autoscaling/v1",

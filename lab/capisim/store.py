@@ -15,6 +15,7 @@ import uuid
 from collections import OrderedDict, deque
 from datetime import datetime, timezone
 
+from . import fields
 from .resources import RESOURCES
 from .selectors import valid_label_key, valid_label_value
 
@@ -206,7 +207,7 @@ class Store:
         return out, meta
 
     # ------------------------------------------------------------ writes
-    def create(self, res, namespace, body, served_version=None, dry_run=False):
+    def create(self, res, namespace, body, served_version=None, dry_run=False, manager=None):
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "the object provided is unrecognized (must be of type object)")
         meta = dict(body.get("metadata") or {})
@@ -239,6 +240,10 @@ class Store:
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=meta.get("creationTimestamp") or now(),
                         generation=1)
             obj["apiVersion"] = res.api_version(res.preferred)
+            meta.pop("managedFields", None)
+            if manager:
+                meta["managedFields"] = fields.record(None, obj, manager, None, obj["apiVersion"],
+                                                      meta["creationTimestamp"])
             if dry_run:  # validated and answered, never stored: no resourceVersion, as etcd never saw it
                 meta.pop("resourceVersion", None)
                 return obj
@@ -247,7 +252,7 @@ class Store:
             self._record(res, "ADDED", None, obj)
         return obj
 
-    def _store_update(self, res, key, old, new, dry_run=False):
+    def _store_update(self, res, key, old, new, dry_run=False, manager=None, subresource=None):
         """Write new over old; a deleting object whose last finalizer went is removed.
         A dry run answers what the write would give and stores nothing."""
         items = self.objects[(res.group, res.plural)]
@@ -257,6 +262,8 @@ class Store:
             meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
         if new == old:
             return old  # a no-op write keeps the resourceVersion, as the real server does
+        if manager:
+            meta["managedFields"] = fields.record(old, new, manager, subresource, new.get("apiVersion"), now())
         if dry_run:
             return new
         meta["resourceVersion"] = str(self._next_rv())
@@ -269,7 +276,7 @@ class Store:
         return new
 
     def update(self, res, namespace, name, body, subresource=None, precondition_rv=None, require_rv=True,
-               dry_run=False):
+               dry_run=False, manager=None):
         """Replace (PUT) or apply an already-patched body; status only via the status subresource."""
         with self.lock:
             key = (namespace or "", name)
@@ -300,12 +307,14 @@ class Store:
                 if "status" in res.subresources and "status" in old:
                     new["status"] = copy.deepcopy(old["status"])
                 new["metadata"] = {**copy.deepcopy(body.get("metadata") or {}), **kept}
+                if "managedFields" not in new["metadata"] and "managedFields" in old["metadata"]:
+                    new["metadata"]["managedFields"] = old["metadata"]["managedFields"]  # omitted: kept
                 new["apiVersion"], new["kind"] = old["apiVersion"], old["kind"]
                 self._validate_meta(res, new)
                 if old["metadata"].get("deletionTimestamp"):
                     self._no_new_finalizers(res, old, new)
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-            return self._store_update(res, key, old, new, dry_run=dry_run)
+            return self._store_update(res, key, old, new, dry_run=dry_run, manager=manager, subresource=subresource)
 
     @staticmethod
     def _no_new_finalizers(res, old, new):
@@ -448,10 +457,14 @@ class Store:
                 self.create(self.resources[("", "namespaces")], None,
                             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
             body = {k: v for k, v in doc.items() if k != "status"}
-            obj = self.create(res, ns, body)
+            # loaded objects look written by their controller (managedFields, as a real server returns them)
+            manager = "capi-controller-manager" if res.group == "cluster.x-k8s.io" else "manager"
+            obj = self.create(res, ns, body, manager=manager)
             if status is not None:
                 new = dict(obj)
                 new["status"] = status
+                new["metadata"] = dict(obj["metadata"], managedFields=fields.record(
+                    obj, new, manager, "status", obj["apiVersion"], obj["metadata"]["creationTimestamp"]))
                 with self.lock:
                     self.objects[(res.group, res.plural)][(ns or "", meta["name"])] = new
             if meta.get("deletionTimestamp"):

@@ -349,6 +349,34 @@ def test_no_new_finalizer_on_a_deleting_object_is_422(co):
     assert err.value.status == 404
 
 
+def test_writes_record_their_field_manager(sim):
+    path = "/apis/cluster.x-k8s.io/v1beta2/namespaces/metal3/machines/hpc-compute-7d9f8-abcde"
+
+    def patch(body, query="", agent="kubectl/v1.36.0 (linux/amd64)", sub=""):
+        req = urllib.request.Request(sim.url + path + sub + query, method="PATCH", data=json.dumps(body).encode(),
+                                     headers={"Authorization": "Bearer " + ADMIN_TOKEN, "User-Agent": agent,
+                                              "Content-Type": "application/merge-patch+json"})
+        with urllib.request.urlopen(req) as resp:
+            return json.loads(resp.read())
+
+    before = raw(sim, path)[1]
+    managers = [(e["manager"], e.get("subresource")) for e in before["metadata"]["managedFields"]]
+    assert managers == [("capi-controller-manager", None), ("capi-controller-manager", "status")]
+    after = patch({"metadata": {"annotations": {HOOK: "converged-hpc"}}})
+    mine = after["metadata"]["managedFields"][-1]
+    assert mine["manager"] == "kubectl" and mine["operation"] == "Update" and "subresource" not in mine
+    assert mine["fieldsV1"] == {"f:metadata": {"f:annotations": {"f:" + HOOK: {}}}}
+    # the same write again changes nothing: same resourceVersion, same managedFields
+    again = patch({"metadata": {"annotations": {HOOK: "converged-hpc"}}})
+    assert again["metadata"]["resourceVersion"] == after["metadata"]["resourceVersion"]
+    assert again["metadata"]["managedFields"] == after["metadata"]["managedFields"]
+    # fieldManager names the manager; a status write is an entry of its own
+    status = patch({"status": {"phase": "Running"}}, "?fieldManager=converged-hpc", sub="/status")
+    entry = status["metadata"]["managedFields"][-1]
+    assert (entry["manager"], entry["subresource"]) == ("converged-hpc", "status")
+    assert entry["fieldsV1"] == {"f:status": {"f:phase": {}}}
+
+
 def test_v1beta1_read_prunes_apigroup_and_warns(sim):
     status, body = raw(sim, "/apis/cluster.x-k8s.io/v1beta1/namespaces/metal3/machines/hpc-compute-7d9f8-abcde")
     assert status == 200 and body["apiVersion"] == "cluster.x-k8s.io/v1beta1"
