@@ -92,7 +92,7 @@ validate_conf() {
 cmd_deps() {
   local missing=()
   mkdir -p "$STATE/logs"
-  for tool in podman runc debootstrap iptables ssh-keygen ssh flock ps git; do
+  for tool in podman runc debootstrap iptables ssh-keygen ssh flock ps git openssl; do
     command -v "$tool" >/dev/null || missing+=("$tool")
   done
   if ((${#missing[@]})); then
@@ -100,7 +100,7 @@ cmd_deps() {
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq podman runc debootstrap uidmap slirp4netns netavark aardvark-dns iptables \
-      openssh-client util-linux procps git >/dev/null
+      openssh-client util-linux procps git openssl >/dev/null
   fi
   # The Python side (ansible-playbook, the kubernetes client the inventory plugin and
   # the simulator's tools use): requirements.txt, installed when any of it is missing.

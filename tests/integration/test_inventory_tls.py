@@ -1,7 +1,6 @@
 """The inventory over HTTPS: the right CA works, a wrong one is named as a TLS verification
 failure (not "cannot reach the API", not an authentication problem)."""
 
-import shutil
 import subprocess
 
 import pytest
@@ -9,8 +8,6 @@ import pytest
 from conftest import ADMIN_TOKEN, load_fixture
 from capisim import Identity, Simulator, Store
 from test_inventory_cli import inventory, listing
-
-pytestmark = pytest.mark.skipif(not shutil.which("openssl"), reason="needs openssl")
 
 
 def self_signed(tmp_path, name):
