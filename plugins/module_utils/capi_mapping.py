@@ -134,22 +134,33 @@ def _hardware(machine, m3m_index, bmh_index):
     return m3m, bmh
 
 
+def _cluster(machine):
+    meta = machine.get("metadata") or {}
+    return (machine.get("spec") or {}).get("clusterName") or (meta.get("labels") or {}).get(CLUSTER_LABEL)
+
+
+def _deployment_and_pool(meta):
+    labels = meta.get("labels") or {}
+    return labels.get(DEPLOYMENT_LABEL), labels.get(POOL_LABEL) or _owner(meta, "MachinePool")
+
+
+def _in_clusters(machines, clusters):
+    return [m for m in machines if not clusters or _cluster(m) in clusters]
+
+
 def _base_name(machine, opts):
     meta, status = machine.get("metadata") or {}, machine.get("status") or {}
     node_ref = (status.get("nodeRef") or {}).get("name")
     return node_ref if opts.host_naming == "node" and node_ref else meta.get("name")
 
 
-def _first_holders(machines, clusters, opts):
+def _first_holders(machines, opts):
     """Host name -> the Machine (namespace/name) created first among those it would name. That
     one keeps the bare name and the others are qualified with their namespace, so a new Machine
     never renames an existing host, whatever its namespace sorts as."""
     firsts = {}
     for machine in machines:
         meta = machine.get("metadata") or {}
-        cluster = (machine.get("spec") or {}).get("clusterName") or (meta.get("labels") or {}).get(CLUSTER_LABEL)
-        if clusters and cluster not in clusters:
-            continue
         key = (meta.get("creationTimestamp") or "", meta.get("namespace") or "", meta.get("name") or "")
         name = _base_name(machine, opts)
         if name not in firsts or key < firsts[name][0]:
@@ -165,19 +176,17 @@ def build(objects, opts):
                  for o in objects.get("metal3machines") or []}
     bmh_index = {(o["metadata"].get("namespace"), o["metadata"]["name"]): o
                  for o in objects.get("baremetalhosts") or []}
-    clusters = set(opts.clusters)
-    firsts = _first_holders(objects.get("machines") or [], clusters, opts)
-    owners = _owner_namespaces(objects.get("machines") or [], clusters)
+    machines = _in_clusters(objects.get("machines") or [], set(opts.clusters))
+    firsts = _first_holders(machines, opts)
+    owners = _owner_namespaces(machines)
     warned = set()
-    for machine in objects.get("machines") or []:
+    for machine in machines:
         meta = machine.get("metadata") or {}
         spec = machine.get("spec") or {}
         status = machine.get("status") or {}
         ident = "%s/%s" % (meta.get("namespace"), meta.get("name"))
         labels = meta.get("labels") or {}
-        cluster = spec.get("clusterName") or labels.get(CLUSTER_LABEL)
-        if clusters and cluster not in clusters:
-            continue
+        cluster = _cluster(machine)
         deleting = bool(meta.get("deletionTimestamp"))
         phase = status.get("phase") or "Unknown"
         if deleting and not opts.include_deleting:
@@ -216,8 +225,7 @@ def build(objects, opts):
             inv.warnings.append("Machine %s: host name %s belongs to the older Machine %s, using %s"
                                 % (ident, name, firsts.get(name), qualified))
             name = qualified
-        md = labels.get(DEPLOYMENT_LABEL)
-        mp = labels.get(POOL_LABEL) or _owner(meta, "MachinePool")
+        md, mp = _deployment_and_pool(meta)
         bmh_meta = (bmh or {}).get("metadata") or {}
         cpu = hardware.get("cpu") or {}
         hostvars = {
@@ -277,17 +285,12 @@ def build(objects, opts):
     return inv
 
 
-def _owner_namespaces(machines, clusters):
+def _owner_namespaces(machines):
     """(MachineDeployment|MachinePool, name) -> the namespaces whose Machines name it."""
     out = {}
     for machine in machines:
         meta = machine.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        cluster = (machine.get("spec") or {}).get("clusterName") or labels.get(CLUSTER_LABEL)
-        if clusters and cluster not in clusters:
-            continue
-        for kind, owner in (("MachineDeployment", labels.get(DEPLOYMENT_LABEL)),
-                            ("MachinePool", labels.get(POOL_LABEL) or _owner(meta, "MachinePool"))):
+        for kind, owner in zip(("MachineDeployment", "MachinePool"), _deployment_and_pool(meta)):
             if owner:
                 out.setdefault((kind, owner), set()).add(meta.get("namespace"))
     return out
