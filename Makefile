@@ -69,20 +69,23 @@ molecule: dev-collection images
 	done
 
 ## make e2e        end-to-end lab tests in labs of their own: the elastic lab (the longest)
-##                 runs beside the others; each run's output is in .lab/logs/e2e-*.log
+##                 runs beside the others; its output is printed at the end
 E2E_ELASTIC := tests/e2e/test_elastic.py
 E2E_OTHERS := $(filter-out $(E2E_ELASTIC),$(sort $(wildcard tests/e2e/test_*.py)))
 E2E_RUN := $(PYTHON) -m pytest -q --durations=8
+# $(call beside,WHO,OTHERS): the elastic lab in the background (its output in
+# .lab/logs/e2e-elastic.log, printed at the end) beside the command OTHERS; fails when either does
+beside = set +e; \
+	$(MAKE) -s e2e-elastic >.lab/logs/e2e-elastic.log 2>&1 & elastic_pid=$$!; \
+	$(2); others=$$?; \
+	wait $$elastic_pid; elastic=$$?; \
+	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)):"; cat .lab/logs/e2e-elastic.log; \
+	echo "[$(1)] exit codes: $(2): $$others, the elastic lab: $$elastic"; \
+	test $$others -eq 0 && test $$elastic -eq 0
+
 e2e: dev-collection images
 	@mkdir -p .lab/logs
-	@echo "[e2e] $(E2E_ELASTIC) beside $(E2E_OTHERS)"
-	@set +e; \
-	$(E2E_RUN) $(E2E_ELASTIC) >.lab/logs/e2e-elastic.log 2>&1 & elastic_pid=$$!; \
-	$(E2E_RUN) $(E2E_OTHERS) >.lab/logs/e2e-others.log 2>&1; others=$$?; \
-	wait $$elastic_pid; elastic=$$?; \
-	cat .lab/logs/e2e-others.log .lab/logs/e2e-elastic.log; \
-	echo "[e2e] exit codes: others $$others, elastic $$elastic"; \
-	test $$others -eq 0 && test $$elastic -eq 0
+	@$(call beside,e2e,$(MAKE) -s e2e-others)
 
 e2e-elastic: dev-collection images
 	$(E2E_RUN) $(E2E_ELASTIC)
@@ -96,13 +99,7 @@ e2e-others: dev-collection images
 test: deps
 	$(MAKE) unit lint images dev-collection
 	@mkdir -p .lab/logs
-	@set +e; \
-	$(MAKE) -s e2e-elastic >.lab/logs/e2e-elastic.log 2>&1 & elastic_pid=$$!; \
-	$(MAKE) molecule e2e-others; rest=$$?; \
-	wait $$elastic_pid; elastic=$$?; \
-	echo "[test] the elastic lab (tests/e2e/test_elastic.py):"; cat .lab/logs/e2e-elastic.log; \
-	echo "[test] exit codes: molecule and the other labs $$rest, the elastic lab $$elastic"; \
-	test $$rest -eq 0 && test $$elastic -eq 0
+	@$(call beside,test,$(MAKE) molecule e2e-others)
 
 ## make build      build the collection tarball
 build:
