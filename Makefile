@@ -37,7 +37,7 @@ lab-status:
 deps:
 	lab/lab.sh deps
 	@if ! $(PYTHON) -c 'import pytest, testinfra, molecule, molecule_plugins, antsibull_changelog' 2>/dev/null \
-	    || ! command -v ansible-lint >/dev/null; then \
+	    || ! command -v ansible-lint >/dev/null || ! command -v ansible-rulebook >/dev/null; then \
 	  echo "[deps] pip install -r requirements-test.txt"; \
 	  $(PYTHON) -m pip install -q -r requirements-test.txt; \
 	fi

@@ -92,7 +92,8 @@ validate_conf() {
 cmd_deps() {
   local missing=()
   mkdir -p "$STATE/logs"
-  for tool in podman runc debootstrap iptables ssh-keygen ssh flock ps git openssl; do
+  # java: ansible-rulebook (the event path) runs its rules engine on a Java 17 runtime
+  for tool in podman runc debootstrap iptables ssh-keygen ssh flock ps git openssl java; do
     command -v "$tool" >/dev/null || missing+=("$tool")
   done
   if ((${#missing[@]})); then
@@ -100,7 +101,7 @@ cmd_deps() {
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq podman runc debootstrap uidmap slirp4netns netavark aardvark-dns iptables \
-      openssh-client util-linux procps git openssl >/dev/null
+      openssh-client util-linux procps git openssl openjdk-17-jre-headless >/dev/null
   fi
   # The Python side (ansible-playbook, the kubernetes client the inventory plugin and
   # the simulator's tools use): requirements.txt, installed when any of it is missing.

@@ -2,6 +2,7 @@
 real kube-apiserver. pytest.ini puts the collection (through its ansible_collections
 namespace, .lab/collections made by `make dev-collection`) and lab/ on the path."""
 
+import copy
 import functools
 import json
 import os
@@ -79,3 +80,33 @@ def ansible_env(**extra):
         env.pop(key, None)
     env.update(extra)
     return env
+
+
+# ---- Machines as Cluster API writes them (the event source's and the rulebook's tests)
+HOOK = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/converged-hpc"
+CAPI_G, CAPI_V = "cluster.x-k8s.io", "v1beta2"
+
+
+def machines(sim):
+    return sim.store.resource(CAPI_G, "machines")
+
+
+def a_machine(sim, name, phase="Provisioned", node_type="compute", namespace="metal3"):
+    template = next(d for d in load_fixture("capi-hpc.yaml") if d["kind"] == "Machine")
+    obj = copy.deepcopy(template)
+    obj["metadata"] = {"name": name, "namespace": namespace,
+                       "labels": {"node-type": node_type, "cluster.x-k8s.io/cluster-name": "hpc"},
+                       "annotations": {HOOK: "converged-hpc"}, "finalizers": ["machine.cluster.x-k8s.io"]}
+    obj["status"] = {"phase": phase}
+    obj.pop("apiVersion", None)
+    obj["apiVersion"] = "%s/%s" % (CAPI_G, CAPI_V)
+    created = sim.store.create(machines(sim), namespace, {k: v for k, v in obj.items() if k != "status"})
+    set_phase(sim, name, phase, namespace)
+    return created
+
+
+def set_phase(sim, name, phase, namespace="metal3"):
+    store = sim.store
+    obj = copy.deepcopy(store.get(machines(sim), namespace, name))
+    obj["status"] = dict(obj.get("status") or {}, phase=phase)
+    store.update(machines(sim), namespace, name, obj, subresource="status")

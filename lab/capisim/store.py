@@ -92,6 +92,7 @@ def decode_continue(token):
 class Store:
     SNAPSHOTS = 32  # paginated list snapshots kept (the watch-cache window)
     EVENTS = 50000  # watch events kept
+    SYSTEM_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")
 
     def __init__(self, resources=RESOURCES):
         self.resources = {(r.group, r.plural): r for r in resources}
@@ -105,6 +106,11 @@ class Store:
         self.window_start = self.rv  # watches from an older rv get 410
         self.skipped = []  # kinds met while loading that the simulator does not serve
         self.hooks = []  # callables(event_type, res, old, new), run under the lock
+        ns = self.resources.get(("", "namespaces"))
+        for name in self.SYSTEM_NAMESPACES if ns else ():  # as every real cluster has them
+            self.create(ns, None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+                        manager="kube-apiserver")
+        self.window_start = self.rv
 
     # ------------------------------------------------------------ helpers
     def _next_rv(self):

@@ -16,7 +16,7 @@ description:
   - Reads each host's node type (C(converged_node_type) when set, else C(<capi_var>.node_type) from
     the converged.hpc.capi_machines inventory, else the name of the node-type group the host is in, for
     static inventories) and returns what the contract (C(converged_node_types)) makes of it - the
-    collection's groups, the host's Slurm node name and nodeset - or the errors that stop a run.
+    collection's groups, the host's Slurm node name, nodeset and features - or the errors that stop a run.
   - The role's C(tasks/contract.yml) turns the result into groups with C(ansible.builtin.add_host),
     before any change. See docs/contract.md.
 positional: groups, node_types, partitions
@@ -53,6 +53,12 @@ options:
     description: The inventory plugin's O(converged.hpc.capi_machines#inventory:hostvar_name).
     type: str
     default: capi
+  feature_label_prefix:
+    description:
+      - Machine labels under this prefix become Slurm features of a compute host (C(converged_slurm_features),
+        after its node type); a label whose value is C(false), C(no) or C(0) does not.
+    type: str
+    default: feature.slurm.converged.hpc/
 """
 
 EXAMPLES = r"""
@@ -77,6 +83,7 @@ _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 GROUP = "converged_%s"  # converged_controller, converged_compute, converged_login
 LEAVING = "converged_leaving"
 ALL = "converged_slurm"
+FEATURE_LABEL_PREFIX = "feature.slurm.converged.hpc/"
 
 
 def _plain(value):
@@ -170,7 +177,16 @@ def _cluster_of(hostvars, name, capi_var):
     return capi.get("cluster") if isinstance(capi, dict) else None
 
 
-def contract(hostvars, groups, node_types, partitions, cluster="", play_hosts=None, capi_var="capi"):
+def label_features(labels, prefix):
+    """Slurm features from Machine labels: C(<prefix>gpu: "true") gives C(gpu), in label order."""
+    if not prefix or not isinstance(labels, dict):
+        return []
+    return [key[len(prefix):] for key in sorted(labels) if key.startswith(prefix) and len(key) > len(prefix)
+            and str(labels[key]).lower() not in ("false", "no", "0")]
+
+
+def contract(hostvars, groups, node_types, partitions, cluster="", play_hosts=None, capi_var="capi",
+             feature_label_prefix=FEATURE_LABEL_PREFIX):
     """Apply the contract to every inventory host; see DOCUMENTATION."""
     if not isinstance(groups, dict):
         raise AnsibleFilterError("contract: groups must be a dict")
@@ -213,6 +229,8 @@ def contract(hostvars, groups, node_types, partitions, cluster="", play_hosts=No
                      "converged_slurm_node_name": str(node_name)}
         if role == "compute":
             host_vars["converged_slurm_nodeset"] = spec.get("nodeset")
+            features = [node_type] + label_features(capi.get("labels"), feature_label_prefix)
+            host_vars["converged_slurm_features"] = list(dict.fromkeys(features))
         result["hosts"].append({"name": name, "groups": host_groups, "vars": host_vars})
     return result
 

@@ -185,12 +185,18 @@ class CapiReader:
                 headers[setting["key"]] = setting["value"]
         return headers
 
-    def request(self, path, query=None):
-        """GET path; return (status, body bytes). Connection failures raise CapiApiError."""
+    def request(self, path, query=None, method="GET", body=None, content_type="application/json"):
+        """One request (GET unless told); return (status, body bytes). body: a dict sent as JSON.
+        Connection failures raise CapiApiError."""
         url = self.host + path + ("?" + urlencode(query) if query else "")
         self.requests += 1
+        headers = self._headers()
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = content_type
         try:
-            resp = self.pool.request("GET", url, headers=self._headers(), preload_content=True,
+            resp = self.pool.request(method, url, headers=headers, body=payload, preload_content=True,
                                      timeout=self.timeout, retries=False)
         except Exception as exc:  # urllib3 errors: refused, DNS, TLS, timeout, bad header values
             reason = getattr(exc, "reason", None) or exc
@@ -201,6 +207,41 @@ class CapiReader:
                                    % (self.host, text))
             raise CapiApiError("cannot reach the Kubernetes API at %s: %s" % (self.host, text))
         return resp.status, resp.data
+
+    def watch(self, path, query, read_timeout):
+        """Yield the events (dicts) of a watch until the server ends it. A dropped or refused
+        connection raises CapiApiError; a non-200 answer is yielded as an ERROR event."""
+        url = self.host + path + "?" + urlencode(query)
+        self.requests += 1
+        try:
+            import urllib3  # pylint: disable=import-outside-toplevel
+            resp = self.pool.request("GET", url, headers=self._headers(), preload_content=False, retries=False,
+                                     timeout=urllib3.Timeout(connect=self.timeout, read=read_timeout))
+        except Exception as exc:
+            reason = scrub(getattr(exc, "reason", None) or exc, self._secrets())
+            raise CapiApiError("cannot watch %s at %s: %s" % (path, self.host, reason))
+        try:
+            if resp.status != 200:
+                body = resp.read()
+                try:
+                    status = json.loads(body)
+                except ValueError:
+                    status = {"code": resp.status, "message": _status_message(body)}
+                yield {"type": "ERROR", "object": status}
+                return
+            pending = b""
+            for chunk in resp.stream(65536):
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        except (ValueError, CapiApiError):
+            raise
+        except Exception as exc:  # the connection dropped mid-stream
+            raise CapiApiError("the watch of %s at %s broke: %s" % (path, self.host, scrub(exc, self._secrets())))
+        finally:
+            resp.release_conn()
 
     def _fail(self, status, body, what):
         message = _status_message(body)

@@ -66,6 +66,12 @@ options:
         it. Never the default.
     type: bool
     default: false
+  allow_absent:
+    description:
+      - With C(drained), a node Slurm does not know is not an error (RV(before) is C(absent), nothing changes), as
+        when a scale-down is run again after it had deleted the node.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -175,11 +181,16 @@ class SlurmNode:
             raise QueryError("scontrol show node %s answered without a State: %r" % (self.name, out.strip()[:200]))
         return node
 
-    def show(self):
-        try:
-            return self.query_node()
-        except QueryError as exc:
-            self.module.fail_json(msg=str(exc))
+    def show(self, timeout=0, poll=2.0):
+        """The node's record; while Slurm does not answer (a restart, a failover) ask again, at most timeout s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.query_node()
+            except QueryError as exc:
+                if time.monotonic() >= deadline:
+                    self.module.fail_json(msg=str(exc))
+                time.sleep(poll)
 
     def jobs(self):
         """IDs of the jobs on the node; QueryError when squeue fails (never "no jobs")."""
@@ -256,6 +267,7 @@ def main():
             poll=dict(type="float", default=2),
             force=dict(type="bool", default=False),
             immediate=dict(type="bool", default=False),
+            allow_absent=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -269,7 +281,7 @@ def main():
     if not p["reason"].strip():
         module.fail_json(msg="reason must not be empty: Slurm requires a drain reason")
     slurm = SlurmNode(module)
-    node = slurm.show()
+    node = slurm.show(p["timeout"], p["poll"])
     before = (node or {}).get("State", "absent")
     result = dict(changed=False, before=before, node=node or {}, jobs=[], waited=0.0)
 
@@ -284,8 +296,8 @@ def main():
         module.exit_json(**result)
 
     if node is None:
-        # absent already; drained cannot apply
-        if p["state"] == "drained":
+        # absent already; drained cannot apply (unless allowed: a scale-down rerun finds it gone)
+        if p["state"] == "drained" and not p["allow_absent"]:
             module.fail_json(msg="node %s is not known to Slurm: cannot drain it" % p["name"], **result)
         result["node"] = {}
         module.exit_json(**result)

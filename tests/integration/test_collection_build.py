@@ -17,8 +17,9 @@ def test_build_and_install_tarball(tmp_path):
     assert "plugins/inventory/capi_machines.py" in listing
     # the collection only: no lab, benchmarks, tests or development set-up
     top = {name.split("/")[0] for name in listing}
-    assert top == {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "changelogs", "docs", "inventories",
-                   "meta", "playbooks", "plugins", "roles", "requirements.txt"}, sorted(top)
+    assert top == {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "changelogs", "docs", "extensions",
+                   "inventories", "meta", "playbooks", "plugins", "roles", "requirements.txt"}, sorted(top)
+    assert "extensions/eda/plugins/event_source/capi_machines.py" in listing  # where ansible-rulebook looks
     dest = tmp_path / "collections"
     subprocess.run(["ansible-galaxy", "collection", "install", "--offline", "--no-deps", "--force", "-p", str(dest),
                     str(tarballs[0])], check=True, capture_output=True, text=True, env=ansible_env())

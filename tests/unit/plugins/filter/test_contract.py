@@ -43,7 +43,21 @@ def test_capi_hosts_grouped_by_role_whatever_the_group_prefix():
     assert hosts["m-login"]["groups"] == ["converged_login", "converged_slurm"]
     # the Slurm node name is the Metal3 host's hostname; the nodeset comes from the node type
     assert hosts["m-cn-1"]["vars"] == {"converged_node_type": "compute", "converged_role": "compute",
-                                       "converged_slurm_node_name": "cn-1", "converged_slurm_nodeset": "computeset"}
+                                       "converged_slurm_node_name": "cn-1", "converged_slurm_nodeset": "computeset",
+                                       "converged_slurm_features": ["compute"]}
+
+
+def test_features_are_the_node_type_then_feature_labels():
+    labeled = capi("compute")
+    labeled["capi"]["labels"] = {"feature.slurm.converged.hpc/nvme": "true", "feature.slurm.converged.hpc/gpu": "1",
+                                 "feature.slurm.converged.hpc/ib": "false", "node-type": "compute",
+                                 "feature.slurm.converged.hpc/": "x", "other/gpu": "true",
+                                 "feature.slurm.converged.hpc/compute": "true"}
+    hosts = by_name(run({"cn": labeled, "ctl": capi("controller")}))
+    assert hosts["cn"]["vars"]["converged_slurm_features"] == ["compute", "gpu", "nvme"]
+    assert "converged_slurm_features" not in hosts["ctl"]["vars"]
+    hosts = by_name(run({"cn": labeled}, feature_label_prefix="hw/"))
+    assert hosts["cn"]["vars"]["converged_slurm_features"] == ["compute"]
 
 
 def test_static_inventory_by_group_name_and_short_names():

@@ -190,6 +190,16 @@ def test_squeue_failing_until_the_timeout_keeps_the_node(fake):
     assert "cn1" in st["nodes"] and st["nodes"]["cn1"]["state"] == "IDLE+DRAIN"
 
 
+def test_slurm_not_answering_at_the_start_is_waited_out(fake):
+    # the module starts while slurmctld restarts: the first two `scontrol show node` fail, then it answers
+    out, st = fake({"name": "cn1", "state": "drained", "timeout": 30, "poll": 0.1}, {"cn1": {"state": "IDLE"}}, {},
+                   fail={"scontrol": [0, 2]})
+    assert not out.get("failed") and st["nodes"]["cn1"]["state"].startswith("IDLE+DRAIN"), out
+    out = fake({"name": "cn1", "state": "drained", "timeout": 0}, {"cn1": {"state": "IDLE"}}, {},
+               fail={"scontrol": [0, 1000]})[0]
+    assert out["failed"] and "scontrol show node cn1 failed" in out["msg"]
+
+
 def test_scontrol_failing_during_the_wait_is_not_idle(fake):
     # squeue says no jobs, but the node's own state cannot be read: wait, then delete once it answers
     # (the first two scontrol calls - show, then drain - go through)
@@ -212,6 +222,13 @@ def test_a_node_still_completing_is_not_idle(fake):
 def test_absent_node_is_ok(fake):
     out = fake({"name": "gone", "state": "absent"}, IDLE)[0]
     assert not out["changed"] and out["before"] == "absent"
+
+
+def test_draining_an_unknown_node_fails_unless_allowed(fake):
+    out = fake({"name": "gone", "state": "drained"}, IDLE)[0]
+    assert out["failed"] and "not known to Slurm" in out["msg"]
+    out = fake({"name": "gone", "state": "drained", "allow_absent": True}, IDLE)[0]
+    assert not out.get("failed") and not out["changed"] and out["before"] == "absent"
 
 
 def test_check_mode_changes_nothing(fake):

@@ -1,0 +1,117 @@
+"""converged.hpc.lease run by ansible-playbook against the simulator: the Lease outlives its
+duration while the run lives (the detached renewer), a second run waits for it and names the holder,
+a killed run's Lease lapses and the next run takes it, and the token never shows."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import ADMIN_TOKEN, REPO, ansible_env
+
+PLAY = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Take the Lease
+      converged.hpc.lease:
+        namespace: default
+        duration: {duration}
+        timeout: {timeout}
+        poll: 0.5
+      register: taken
+    - name: Say who holds it
+      ansible.builtin.debug:
+        msg: "TAKEN {{{{ taken | to_json }}}}"
+    - name: Hold it a while
+      ansible.builtin.pause:
+        seconds: {hold}
+      when: {hold} > 0
+    - name: Give it back
+      converged.hpc.lease:
+        namespace: default
+        state: released
+      when: {release}
+"""
+
+
+def start(sim, tmp_path, name, duration=6, timeout=0, hold=0, release=True, check=False):
+    path = tmp_path / ("%s.yml" % name)
+    path.write_text(PLAY.format(duration=duration, timeout=timeout, hold=hold, release=str(release).lower()))
+    env = ansible_env(K8S_AUTH_HOST=sim.url, K8S_AUTH_API_KEY=ADMIN_TOKEN + "\n")
+    return subprocess.Popen(["ansible-playbook", "-i", "localhost,", "-c", "local", str(path),
+                             "-e", "ansible_python_interpreter=" + sys.executable] + (["--check"] if check else []),
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def finish(proc, timeout=120):
+    out = proc.communicate(timeout=timeout)[0]
+    assert ADMIN_TOKEN not in out
+    return proc.returncode, out
+
+
+def taken(out):
+    line = next(line for line in out.splitlines() if '"msg": "TAKEN ' in line)
+    return json.loads(json.loads("{%s}" % line.strip())["msg"][len("TAKEN "):])
+
+
+def holder(sim):
+    obj = sim.store.objects[("coordination.k8s.io", "leases")].get(("default", "converged-hpc"))
+    return ((obj or {}).get("spec") or {}).get("holderIdentity")
+
+
+def wait_for(predicate, seconds=60):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_the_lease_outlives_its_duration_while_the_run_lives(sim, tmp_path):
+    a = start(sim, tmp_path, "a", duration=5, hold=12)
+    assert wait_for(lambda: holder(sim) is not None)
+    time.sleep(7)  # past the duration: only renewals keep it
+    rc, out = finish(start(sim, tmp_path, "b", timeout=0))
+    assert rc != 0 and "is held by %s" % holder(sim) in out, out
+    rc, out = finish(a)
+    assert rc == 0, out
+    assert "ansible-playbook pid" in taken(out)["holder"] and taken(out)["renewer_pid"] > 0
+    assert holder(sim) is None  # given back
+    assert wait_for(lambda: not os.path.exists("/proc/%d" % taken(out)["renewer_pid"]), 15)
+
+
+def test_a_second_run_waits_for_the_first(sim, tmp_path):
+    a = start(sim, tmp_path, "a", duration=30, hold=4)
+    assert wait_for(lambda: holder(sim) is not None)
+    first = holder(sim)
+    rc, out = finish(start(sim, tmp_path, "b", timeout=60))
+    assert rc == 0, out
+    assert taken(out)["waited"] > 0 and taken(out)["previous_holder"] is None  # a gave it back first
+    assert finish(a)[0] == 0
+    assert taken(out)["holder"] != first
+
+
+def test_a_killed_run_lapses_and_the_next_takes_over(sim, tmp_path):
+    a = start(sim, tmp_path, "a", duration=5, hold=300, release=False)
+    assert wait_for(lambda: holder(sim) is not None)
+    dead = holder(sim)
+    os.killpg(a.pid, signal.SIGKILL)  # the whole run dies at once, as a killed AWX job
+    a.communicate()
+    started = time.monotonic()
+    rc, out = finish(start(sim, tmp_path, "b", duration=5, timeout=60))
+    assert rc == 0, out
+    assert taken(out)["previous_holder"] == dead
+    assert time.monotonic() - started < 30  # lapsed after its duration, not the 60 s timeout
+    assert holder(sim) is None
+
+
+def test_check_mode_takes_nothing(sim, tmp_path):
+    rc, out = finish(start(sim, tmp_path, "a", check=True))
+    assert rc == 0, out
+    assert holder(sim) is None
+    assert ("default", "converged-hpc") not in sim.store.objects[("coordination.k8s.io", "leases")]

@@ -1,0 +1,122 @@
+"""The collection's rulebook run by the real ansible-rulebook (Java 17 + drools) against the simulator:
+the initial state starts one run, a burst of Machines one more, and a source stopped and started
+again misses nothing. The playbook it runs here records the event it was given
+(converged_reconcile_playbook); the lab's e2e runs the real reconcile.yml."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import yaml
+
+from conftest import ADMIN_TOKEN, a_machine, ansible_env, start_sim
+
+pytestmark = pytest.mark.skipif(not shutil.which("ansible-rulebook") or not shutil.which("java"),
+                                reason="needs ansible-rulebook and a Java 17 runtime")
+
+RECORD = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Record the event
+      ansible.builtin.lineinfile:
+        path: "{path}"
+        line: "{{{{ ansible_eda.event | to_json }}}}"
+        create: true
+        mode: "0600"
+"""
+
+
+@pytest.fixture
+def world():
+    sim = start_sim([])
+    sim.store.create(sim.store.resource("", "namespaces"), None,
+                     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "metal3"}})
+    yield sim
+    sim.stop()
+
+
+def start(tmp_path, env_extra):
+    record = tmp_path / "events.jsonl"
+    (tmp_path / "record.yml").write_text(RECORD.format(path=record))
+    (tmp_path / "vars.yml").write_text(yaml.safe_dump({
+        "converged_capi_namespaces": ["metal3"], "converged_capi_window": 1,
+        "converged_reconcile_playbook": str(tmp_path / "record.yml")}))
+    (tmp_path / "hosts").write_text("localhost ansible_connection=local ansible_python_interpreter=%s\n"
+                                    % sys.executable)
+    env = ansible_env(**env_extra)
+    proc = subprocess.Popen(["ansible-rulebook", "-r", "converged.hpc.reconcile", "-i", str(tmp_path / "hosts"),
+                             "--vars", str(tmp_path / "vars.yml")],
+                            cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    return proc, record
+
+
+def events(record):
+    if not record.exists():
+        return []
+    return [json.loads(line)["capi_machines"] for line in record.read_text().splitlines() if line.strip()]
+
+
+def wait_events(record, count, proc, timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(events(record)) >= count:
+            return events(record)
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.3)
+    seen = len(events(record))
+    raise AssertionError("%d event run(s) of %d after %d s: %s" % (seen, count, timeout, stop(proc)[-3000:]))
+
+
+def stop(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        out = proc.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out = proc.communicate()[0]
+    assert ADMIN_TOKEN not in out
+    return out
+
+
+def test_events_run_the_playbook_once_per_burst_and_a_restart_misses_nothing(world, tmp_path):
+    a_machine(world, "cn-1")
+    env = {"K8S_AUTH_HOST": world.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN}
+    proc, record = start(tmp_path, env)
+    try:
+        first = wait_events(record, 1, proc)[0]
+        assert first["reasons"] == ["initial"] and [m["name"] for m in first["machines"]] == ["cn-1"]
+        for i in range(2, 12):  # ten Machines come up at once: one run
+            a_machine(world, "cn-%d" % i)
+        second = wait_events(record, 2, proc)[1]
+        assert second["reasons"] == ["up"] and len(second["machines"]) == 10
+        time.sleep(3)
+        assert len(events(record)) == 2
+    finally:
+        stop(proc)
+    a_machine(world, "cn-12")  # while nothing watches
+    world.store.delete(world.store.resource("cluster.x-k8s.io", "machines"), "metal3", "cn-1")
+    proc, record = start(tmp_path, env)
+    try:
+        third = wait_events(record, 3, proc)[2]
+        names = [m["name"] for m in third["machines"]]
+        assert third["reasons"] == ["initial"] and "cn-12" in names and "cn-1" in names  # caught up
+        assert {m["reason"] for m in third["machines"]} == {"initial"}
+    finally:
+        stop(proc)
+
+
+def test_a_bad_start_is_one_clear_line(world, tmp_path):
+    proc, _record = start(tmp_path, {"K8S_AUTH_HOST": world.url, "K8S_AUTH_API_KEY": "not-the-token"})
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0
+    assert "converged.hpc.capi_machines cannot start" in out and "401 Unauthorized" in out, out
+    assert "not-the-token" not in out

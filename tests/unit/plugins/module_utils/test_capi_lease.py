@@ -1,0 +1,173 @@
+"""The Lease lock (module_utils/capi_lease.py) against the simulator: create, take over a lapsed
+holder, lose a race with 409, renew, release, RBAC and a missing namespace."""
+
+import json
+import threading
+
+import pytest
+
+from conftest import ADMIN_TOKEN, READONLY_TOKEN
+
+from ansible_collections.converged.hpc.plugins.module_utils.capi_client import (
+    CapiApiError,
+    CapiReader,
+    build_configuration,
+)
+from ansible_collections.converged.hpc.plugins.module_utils.capi_lease import (
+    LeaseHeld,
+    LeaseLock,
+    micro_time,
+    parse_time,
+)
+
+
+class Clock:
+    def __init__(self, now=1_800_000_000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def reader(sim, token=ADMIN_TOKEN):
+    configuration, headers = build_configuration(host=sim.url, api_key=token)
+    return CapiReader(configuration, headers=headers)
+
+
+def lock(sim, holder, clock=None, token=ADMIN_TOKEN, namespace="default", duration=30):
+    clock = clock or Clock()
+    return LeaseLock(reader(sim, token), namespace, "converged-hpc", holder, duration, clock=clock, monotonic=clock)
+
+
+def stored(sim, namespace="default", name="converged-hpc"):
+    return json.loads(json.dumps(sim.store.objects[("coordination.k8s.io", "leases")][(namespace, name)]))
+
+
+def test_micro_time_round_trip():
+    assert micro_time(1_800_000_000.25) == "2027-01-15T08:00:00.250000Z"
+    assert parse_time("2027-01-15T08:00:00.250000Z") == pytest.approx(1_800_000_000.25)
+    assert parse_time("2027-01-15T08:00:00Z") == 1_800_000_000
+    assert parse_time("garbage") is None and parse_time(None) is None
+
+
+def test_first_run_creates_the_lease(sim):
+    result = lock(sim, "run-a").acquire(timeout=0)
+    assert result["acquired"] and result["previous_holder"] is None
+    spec = stored(sim)["spec"]
+    assert spec["holderIdentity"] == "run-a" and spec["leaseDurationSeconds"] == 30
+    assert spec["leaseTransitions"] == 0 and spec["renewTime"].endswith("Z")
+
+
+def test_a_held_lease_makes_the_other_wait_then_fail_naming_the_holder(sim):
+    clock = Clock()
+    lock(sim, "run-a", clock).acquire(timeout=0)
+    with pytest.raises(LeaseHeld) as exc:
+        lock(sim, "run-b", clock).acquire(timeout=0, poll=0.01)
+    assert "held by run-a" in str(exc.value) and exc.value.holder == "run-a"
+
+
+def test_same_holder_renews(sim):
+    clock = Clock()
+    a = lock(sim, "run-a", clock)
+    a.acquire(timeout=0)
+    first = stored(sim)["spec"]["renewTime"]
+    clock.now += 10
+    assert a.acquire(timeout=0)["previous_holder"] == "run-a"
+    assert stored(sim)["spec"]["renewTime"] > first and stored(sim)["spec"]["leaseTransitions"] == 0
+
+
+def test_a_lapsed_holder_is_taken_over(sim):
+    clock = Clock()
+    lock(sim, "run-a", clock).acquire(timeout=0)
+    clock.now += 31
+    result = lock(sim, "run-b", clock).acquire(timeout=0)
+    assert result["previous_holder"] == "run-a"
+    spec = stored(sim)["spec"]
+    assert spec["holderIdentity"] == "run-b" and spec["leaseTransitions"] == 1
+
+
+def test_a_holder_whose_clock_runs_ahead_lapses_by_our_observation(sim):
+    ahead = Clock(1_800_000_000 + 3600)
+    lock(sim, "run-a", ahead).acquire(timeout=0)
+    ours = Clock()
+    b = lock(sim, "run-b", ours)
+    assert not b.try_acquire()[0]  # renewed "in an hour" by its clock
+    ours.now += 31  # unchanged for longer than its duration, as we watched it
+    assert b.try_acquire()[0]
+
+
+def test_renew_keeps_it_and_stops_when_taken(sim):
+    clock = Clock()
+    a = lock(sim, "run-a", clock)
+    a.acquire(timeout=0)
+    clock.now += 20
+    assert a.renew()
+    clock.now += 20  # 40 s after the take, 20 after the renewal: still a's
+    assert not lock(sim, "run-b", clock).try_acquire()[0]
+    clock.now += 31
+    assert lock(sim, "run-b", clock).try_acquire()[0]
+    assert not a.renew()  # somebody else's now: the renewer stops
+
+
+def test_release_only_by_the_holder(sim):
+    a, b = lock(sim, "run-a"), lock(sim, "run-b")
+    a.acquire(timeout=0)
+    assert b.release() == (False, "run-a")
+    assert stored(sim)["spec"]["holderIdentity"] == "run-a"
+    assert a.release(check_mode=True) == (True, "run-a")
+    assert stored(sim)["spec"]["holderIdentity"] == "run-a"
+    assert a.release() == (True, "run-a")
+    assert "holderIdentity" not in stored(sim)["spec"]
+    assert b.acquire(timeout=0)["previous_holder"] is None
+
+
+def test_check_mode_writes_nothing(sim):
+    result = lock(sim, "run-a").acquire(timeout=0, check_mode=True)
+    assert result["acquired"]
+    assert ("default", "converged-hpc") not in sim.store.objects[("coordination.k8s.io", "leases")]
+
+
+def test_racing_runs_exactly_one_wins(sim):
+    winners, barrier = [], threading.Barrier(8)
+
+    def run(name):
+        one = lock(sim, name)
+        barrier.wait()
+        if one.try_acquire()[0]:
+            winners.append(name)
+
+    threads = [threading.Thread(target=run, args=("run-%d" % i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(winners) == 1
+    assert stored(sim)["spec"]["holderIdentity"] == winners[0]
+
+
+def test_stale_write_is_409_and_read_again(sim):
+    clock = Clock()
+    a, b = lock(sim, "run-a", clock), lock(sim, "run-b", clock)
+    a.acquire(timeout=0)
+    a.release()
+    original_read = b.read
+
+    def read_then_a_takes_it():
+        obj = original_read()  # b sees a free Lease...
+        a.acquire(timeout=0)  # ...and a takes it before b writes
+        return obj
+
+    b.read = read_then_a_takes_it
+    taken, _obj, _previous = b.try_acquire()
+    assert not taken  # b's write carried the old resourceVersion: 409
+    assert stored(sim)["spec"]["holderIdentity"] == "run-a"
+
+
+def test_missing_namespace_is_named(sim):
+    with pytest.raises(CapiApiError, match="namespace hpc-ops does not exist"):
+        lock(sim, "run-a", namespace="hpc-ops").acquire(timeout=0)
+
+
+def test_no_rbac_for_leases_is_named(sim):
+    with pytest.raises(CapiApiError, match="get, create and update on leases.coordination.k8s.io"):
+        lock(sim, "run-a", token=READONLY_TOKEN).acquire(timeout=0)
