@@ -110,3 +110,13 @@ def set_phase(sim, name, phase, namespace="metal3"):
     obj = copy.deepcopy(store.get(machines(sim), namespace, name))
     obj["status"] = dict(obj.get("status") or {}, phase=phase)
     store.update(machines(sim), namespace, name, obj, subresource="status")
+
+
+@pytest.fixture
+def world():
+    """An empty simulator with the namespace the lab's Machines live in (metal3)."""
+    sim = start_sim([])
+    sim.store.create(sim.store.resource("", "namespaces"), None,
+                     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "metal3"}})
+    yield sim
+    sim.stop()

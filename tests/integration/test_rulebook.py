@@ -15,7 +15,7 @@ import pytest
 
 import yaml
 
-from conftest import ADMIN_TOKEN, a_machine, ansible_env, start_sim
+from conftest import ADMIN_TOKEN, a_machine, ansible_env
 
 pytestmark = pytest.mark.skipif(not shutil.which("ansible-rulebook") or not shutil.which("java"),
                                 reason="needs ansible-rulebook and a Java 17 runtime")
@@ -31,15 +31,6 @@ RECORD = """
         create: true
         mode: "0600"
 """
-
-
-@pytest.fixture
-def world():
-    sim = start_sim([])
-    sim.store.create(sim.store.resource("", "namespaces"), None,
-                     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "metal3"}})
-    yield sim
-    sim.stop()
 
 
 def start(tmp_path, env_extra):

@@ -7,9 +7,7 @@ import copy
 import threading
 import time
 
-import pytest
-
-from conftest import ADMIN_TOKEN, a_machine, machines, set_phase, start_sim
+from conftest import ADMIN_TOKEN, a_machine, machines, set_phase
 
 from ansible_collections.converged.hpc.extensions.eda.plugins.event_source import capi_machines as source
 from ansible_collections.converged.hpc.plugins.module_utils.capi_client import CapiApiError
@@ -53,15 +51,6 @@ def run_source(args, until, timeout=20):
     thread = threading.Thread(target=runner)
     thread.start()
     return thread, out, result
-
-
-@pytest.fixture
-def world():
-    sim = start_sim([])
-    sim.store.create(sim.store.resource("", "namespaces"), None,
-                     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "metal3"}})
-    yield sim
-    sim.stop()
 
 
 def args_for(sim, **extra):
