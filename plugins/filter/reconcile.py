@@ -41,8 +41,10 @@ options:
     type: dict
     required: true
   node_types:
-    description: C(converged_node_types).
-    type: dict
+    description:
+      - The names of the compute node types (C(converged_compute_node_types), which the contract leaves on the
+        control node), or C(converged_node_types) itself.
+    type: raw
     required: true
   hook_key:
     description: Our deletion hook's annotation key.
@@ -61,7 +63,7 @@ options:
 
 EXAMPLES = r"""
 plan: >-
-  {{ sinfo.stdout_lines | converged.hpc.reconcile_plan(hostvars, groups, converged_node_types, hook_key) }}
+  {{ sinfo.stdout_lines | converged.hpc.reconcile_plan(hostvars, groups, converged_compute_node_types, hook_key) }}
 """
 
 RETURN = r"""
@@ -99,8 +101,11 @@ def reconcile_plan(lines, hostvars, groups, node_types, hook_key, hint=None, cap
     if not isinstance(groups, dict):
         raise AnsibleFilterError("reconcile_plan: groups must be a dict")
     slurm = parse_sinfo(lines)
-    compute_types = {name for name, spec in (node_types or {}).items()
-                     if isinstance(spec, dict) and spec.get("role") == "compute"}
+    if isinstance(node_types, dict):
+        compute_types = {name for name, spec in node_types.items()
+                         if isinstance(spec, dict) and spec.get("role") == "compute"}
+    else:  # the names of the compute node types (the contract's converged_compute_node_types)
+        compute_types = {str(name) for name in node_types or ()}
     plan = {"new": [], "repair": [], "features": [], "leaving": [], "ghosts": [], "ghosts_alive": [],
             "hint_unknown": [], "slurm_nodes": len(slurm)}
     ours, machines = set(), set()

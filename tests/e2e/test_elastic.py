@@ -155,21 +155,27 @@ def test_drain_timeout_keeps_the_hook_and_names_node_and_job(lab):
     assert node not in slurm_nodes()
 
 
-def test_a_second_scale_down_waits_for_the_lock(lab):
-    # a scale-down run holds the lock: another one waits, and gives up after its lock timeout
-    on(CTL, "mkdir /run/converged-hpc-scale-down.lock && echo 'other run' > /run/converged-hpc-scale-down.lock/owner")
+def test_a_second_scale_down_waits_for_the_lease(lab):
+    # another run holds the Lease (renewed just now): this one waits, and gives up after its timeout
+    leases = client.CoordinationV1Api(lab.api_client)
+    now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+    leases.create_namespaced_lease("default", {"metadata": {"name": "converged-hpc"}, "spec": {
+        "holderIdentity": "other run", "leaseDurationSeconds": 3600, "acquireTime": now, "renewTime": now}})
     victim = sorted(compute_machines(lab, deleting=False), key=hostname)[-1]
     mark_for_deletion(lab, victim)
     try:
-        res = scale(0 if len(compute_machines(lab, deleting=False)) == 1 else 1, "converged_lock_timeout=4")
+        res = scale(0 if len(compute_machines(lab, deleting=False)) == 1 else 1, "converged_lease_timeout=4")
         assert res.returncode != 0
         log = open(os.path.join(STATE, "logs", "scale_down.log")).read()
-        assert "held by: other run" in log
-        assert hostname(victim) in slurm_nodes()  # nothing was done without the lock
+        assert "is held by other run" in log
+        assert hostname(victim) in slurm_nodes()  # nothing was done without the Lease
+        assert slurm_nodes()[hostname(victim)] == "idle"  # not even drained
     finally:
-        on(CTL, "rm -rf /run/converged-hpc-scale-down.lock")
+        leases.delete_namespaced_lease("converged-hpc", "default")
     res = LAB.playbook("scale_down.yml")
     assert res.returncode == 0, res.stdout[-3000:]
+    lease = leases.read_namespaced_lease("converged-hpc", "default")
+    assert not lease.spec.holder_identity  # given back at the end of the run
 
 
 def test_scale_to_zero_and_back(lab):
@@ -310,7 +316,9 @@ def test_the_management_cluster_unreachable_when_the_hook_would_be_released(lab)
     with open(broken, "w") as out:
         out.write(re.sub(r"(server: https?://[^:]+:)\d+", r"\g<1>9", kubeconfig))
     os.chmod(broken, 0o600)
-    res = scale(len(compute_machines(lab, deleting=False)) - 1, "converged_capi_kubeconfig=" + broken)
+    # (without the Lease: with it, an unreachable management cluster stops the run before anything changes)
+    res = scale(len(compute_machines(lab, deleting=False)) - 1, "converged_capi_kubeconfig=" + broken,
+                "converged_lease=false")
     assert res.returncode != 0
     log = open(os.path.join(STATE, "logs", "scale_down.log")).read()
     assert re.search(r"node %s is out of Slurm\s+and its slurmd is stopped, but the hook" % node, log), log[-3000:]
@@ -405,6 +413,54 @@ def slurmctld_up(ctl):
 
 def vip_on(ctl):
     return (" %s/" % VIP) in on(ctl, "ip -o -4 addr show", check=False).stdout
+
+
+def sinfo_features():
+    out = on(CTL, "sinfo --noheader --Node --format '%N %t %f'").stdout
+    return {n: (st, set(f.split(","))) for n, st, f in (line.split() for line in out.splitlines() if line.strip())}
+
+
+def test_reconcile_converges_every_difference_at_once(lab):
+    # Four differences made with nobody running a playbook, then one reconcile.yml:
+    # a ghost (a Machine deleted with our hook taken off by hand: its node stays in Slurm, dead),
+    # a feature label added to a running node's Machine, two Machines new to Slurm, and a job running.
+    res = scale(2)
+    assert res.returncode == 0, res.stdout + res.stderr
+    keep, ghost = sorted(compute_machines(lab, deleting=False), key=hostname)
+    lab.patch_namespaced_custom_object(G, V, NS, "machines", ghost["metadata"]["name"],
+                                       {"metadata": {"annotations": {HOOK: None,
+                                                                     "cluster.x-k8s.io/delete-machine": "yes"}}})
+    assert sh("python3", "lab/scale.py", "1", "--no-playbook", check=False).returncode == 0
+    wait_gone(lab, ghost)
+    wait_for("the ghost to stop responding", lambda: sinfo_features()[hostname(ghost)][0].endswith("*"), 120)
+    lab.patch_namespaced_custom_object(G, V, NS, "machines", keep["metadata"]["name"],
+                                       {"metadata": {"labels": {"feature.slurm.converged.hpc/bigmem": "true"}}})
+    job = submit(hostname(keep), seconds=40)
+    assert sh("python3", "lab/scale.py", "3", "--no-playbook", check=False).returncode == 0
+    new = {hostname(m) for m in compute_machines(lab, deleting=False)} - {hostname(keep)}
+    assert len(new) == 2
+    started = time.time()
+    res = LAB.playbook("reconcile.yml", "converged_reconcile_hint=['%s','gone-machine']" % keep["metadata"]["name"])
+    assert res.returncode == 0, res.stdout[-4000:]
+    record("reconcile: 2 joined, 1 ghost removed, 1 node's features changed (one run)", time.time() - started)
+    assert "hint named Machines the inventory does not hold (gone already?): gone-machine" in res.stdout
+    nodes = sinfo_features()
+    assert set(nodes) == new | {hostname(keep)}, nodes  # the ghost is gone, the new ones joined
+    assert all(nodes[n][0] == "idle" for n in new), nodes
+    assert nodes[hostname(keep)][1] == {"compute", "bigmem"}, nodes
+    assert "bigmem" in on(hostname(keep), "cat /etc/default/slurmd").stdout  # and it registers with it again
+    completed([job])  # untouched by the run (its node was converged again beside it)
+
+
+def test_reconcile_with_nothing_to_do_changes_nothing(lab):
+    res = LAB.playbook("reconcile.yml")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "reconcile: nothing to do - 3 compute Machine(s) and 3 Slurm node(s) agree" in res.stdout, \
+        res.stdout[-4000:]
+    recap = res.stdout[res.stdout.index("PLAY RECAP"):]
+    assert re.findall(r"changed=(\d+)", recap) and set(re.findall(r"changed=(\d+)", recap)) == {"0"}, recap
+    res = scale(1)  # back to one node for the tests that follow
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_the_primary_controller_killed_during_a_drain(lab):

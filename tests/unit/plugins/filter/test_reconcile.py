@@ -62,3 +62,10 @@ def test_null_features_and_bad_lines():
     assert parse_sinfo(["a|idle|(null)", ""]) == {"a": {"state": "idle", "features": set()}}
     with pytest.raises(AnsibleFilterError, match="cannot read sinfo line 'garbage'"):
         parse_sinfo(["garbage"])
+
+
+def test_the_compute_types_as_the_contract_leaves_them_on_the_control_node():
+    lines = ["ghost|down*|gpu,bigmem", "other|down*|login"]
+    by_dict = reconcile_plan(lines, {}, {}, NODE_TYPES, HOOK)
+    by_names = reconcile_plan(lines, {}, {}, ["compute", "gpu"], HOOK)
+    assert by_dict["ghosts"] == by_names["ghosts"] == ["ghost"]
