@@ -7,7 +7,7 @@ PYTHON ?= python3
 SCENARIOS ?= default cluster ha
 COLLECTION_LINK := .lab/collections/ansible_collections/converged/hpc
 
-.PHONY: help deps dev-collection lab lab-scale lab-down lab-ping lab-status images unit lint sanity molecule e2e e2e-elastic e2e-others test build
+.PHONY: help deps dev-collection lab lab-scale lab-down lab-ping lab-status images unit lint sanity molecule e2e e2e-elastic e2e-others test build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -20,8 +20,11 @@ lab: dev-collection
 	lab/lab.sh sim
 	lab/lab.sh ping
 	lab/lab.sh converge
+	lab/lab.sh events
 
-## make lab-scale N=5   scale the lab's compute MachineDeployment and run scale_up/scale_down.yml
+## make lab-scale N=5   scale the lab's compute MachineDeployment; with the event path running
+##                 (make lab leaves it running) the cluster follows by itself, else it runs
+##                 scale_up/scale_down.yml as AWX would
 lab-scale: dev-collection
 	@test -n "$(N)" || { echo "usage: make lab-scale N=<replicas>"; exit 2; }
 	$(PYTHON) lab/scale.py $(N)
@@ -104,3 +107,13 @@ test: deps
 ## make build      build the collection tarball
 build:
 	ansible-galaxy collection build --force
+
+## make ee         the execution environment AWX runs the jobs in (execution-environment.yml,
+##                 docs/awx.md): EE_TAG=registry/converged-hpc-ee:0.1.0; needs its base image's registry
+EE_TAG ?= localhost/converged-hpc-ee:latest
+ee:
+	@mkdir -p .lab/ee
+	rm -f .lab/ee/converged-hpc*.tar.gz
+	ansible-galaxy collection build --force --output-path .lab/ee
+	mv .lab/ee/converged-hpc-*.tar.gz .lab/ee/converged-hpc.tar.gz
+	ansible-builder build -f execution-environment.yml -t $(EE_TAG) --container-runtime podman

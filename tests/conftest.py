@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import socket
+import subprocess
 
 import pytest
 import yaml
@@ -120,3 +121,22 @@ def world():
                      {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "metal3"}})
     yield sim
     sim.stop()
+
+
+# ---- the simulator over HTTPS (a self-signed certificate for 127.0.0.1)
+def self_signed(tmp_path, name):
+    cert, key = tmp_path / (name + ".crt"), tmp_path / (name + ".key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                    "/CN=" + name, "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return str(cert), str(key)
+
+
+@pytest.fixture
+def tls_sim(tmp_path):
+    """The capi-hpc fixture served over HTTPS; its CA is tmp_path/capisim.crt."""
+    store = Store()
+    store.load(load_fixture("capi-hpc.yaml"))
+    server = Simulator(store, {ADMIN_TOKEN: Identity("admin")}, tls=self_signed(tmp_path, "capisim")).start()
+    yield server
+    server.stop()

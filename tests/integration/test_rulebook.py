@@ -15,6 +15,7 @@ import pytest
 
 import yaml
 
+from awx_receiver import Receiver
 from conftest import ADMIN_TOKEN, a_machine, ansible_env
 
 pytestmark = pytest.mark.skipif(not shutil.which("ansible-rulebook") or not shutil.which("java"),
@@ -33,16 +34,17 @@ RECORD = """
 """
 
 
-def start(tmp_path, env_extra):
+def start(tmp_path, env_extra, rulebook="reconcile", **rulebook_vars):
     record = tmp_path / "events.jsonl"
     (tmp_path / "record.yml").write_text(RECORD.format(path=record))
-    (tmp_path / "vars.yml").write_text(yaml.safe_dump({
+    (tmp_path / "vars.yml").write_text(yaml.safe_dump(dict({
         "converged_capi_namespaces": ["metal3"], "converged_capi_window": 1,
-        "converged_reconcile_playbook": str(tmp_path / "record.yml")}))
+        "converged_reconcile_playbook": str(tmp_path / "record.yml")}, **rulebook_vars)))
+    (tmp_path / "vars.yml").chmod(0o600)
     (tmp_path / "hosts").write_text("localhost ansible_connection=local ansible_python_interpreter=%s\n"
                                     % sys.executable)
     env = ansible_env(**env_extra)
-    proc = subprocess.Popen(["ansible-rulebook", "-r", "converged.hpc.reconcile", "-i", str(tmp_path / "hosts"),
+    proc = subprocess.Popen(["ansible-rulebook", "-r", "converged.hpc." + rulebook, "-i", str(tmp_path / "hosts"),
                              "--vars", str(tmp_path / "vars.yml")],
                             cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -111,3 +113,35 @@ def test_a_bad_start_is_one_clear_line(world, tmp_path):
     assert proc.returncode != 0
     assert "converged.hpc.capi_machines cannot start" in out and "401 Unauthorized" in out, out
     assert "not-the-token" not in out
+
+
+@pytest.mark.parametrize("service", ["github", "gitlab"])
+def test_events_reach_awx_as_signed_webhooks_one_job_per_burst(world, tmp_path, service):
+    key = "webhook-key-%s-Xw3" % service
+    awx = Receiver({7: {"service": service, "key": key}})
+    a_machine(world, "cn-1")
+    env = {"K8S_AUTH_HOST": world.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN}
+    proc, _record = start(tmp_path, env, "reconcile_webhook", converged_awx_webhook_url=awx.webhook_url(7),
+                          converged_awx_webhook_service=service, converged_awx_webhook_key=key)
+    try:
+        deadline = time.monotonic() + 90
+        while not awx.jobs and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.3)
+        assert len(awx.jobs) == 1, stop(proc)[-3000:]
+        for i in range(2, 7):  # five Machines at once: one more delivery, one more job
+            a_machine(world, "cn-%d" % i)
+        while len(awx.jobs) < 2 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        time.sleep(3)
+        assert len(awx.jobs) == 2, stop(proc)[-3000:]
+        assert all(status == 202 for status, _message in awx.answers)  # signed / keyed as AWX checks it
+        initial, burst = (extra["awx_webhook_payload"] for _template, extra in awx.jobs)
+        assert initial["reasons"] == ["initial"] and [m["name"] for m in initial["machines"]] == ["cn-1"]
+        assert burst["reasons"] == ["up"] and sorted(m["name"] for m in burst["machines"]) == \
+            ["cn-%d" % i for i in range(2, 7)]
+        assert all(m["resourceVersion"] for m in burst["machines"])  # what makes each delivery unique
+    finally:
+        out = stop(proc)
+        awx.stop()
+    assert key not in out
