@@ -19,6 +19,7 @@ __metaclass__ = type
 import calendar
 import json
 import os
+import re
 import time
 
 from ansible_collections.converged.hpc.plugins.module_utils.capi_client import CapiApiError, _status_message
@@ -31,16 +32,25 @@ def micro_time(epoch):
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch)) + ".%06dZ" % int((epoch % 1) * 1e6)
 
 
+_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:?\d\d)?$")
+
+
 def parse_time(text):
-    """Seconds since the epoch of a Kubernetes Time or MicroTime, None when absent or unreadable."""
-    if not text:
+    """Seconds since the epoch of a Kubernetes Time or MicroTime (any RFC 3339 offset), None when absent or
+    unreadable."""
+    found = _TIME.match(str(text or "").strip())
+    if not found:
         return None
     try:
-        whole, _dot, rest = text.rstrip("Z").partition(".")
-        fraction = float("0." + rest) if rest.isdigit() else 0.0
-        return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + fraction
+        epoch = calendar.timegm(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%S"))
     except ValueError:
         return None
+    epoch += float("0." + found.group(2)) if found.group(2) else 0.0
+    zone = found.group(3)
+    if zone and zone != "Z":
+        hours, minutes = int(zone[1:3]), int(zone[-2:])
+        epoch -= (1 if zone[0] == "+" else -1) * (hours * 3600 + minutes * 60)
+    return epoch
 
 
 class LeaseLock:
@@ -81,18 +91,22 @@ class LeaseLock:
 
     # ------------------------------------------------------------ judging
     def expires(self, obj):
-        """Epoch seconds at which the holder's claim lapses (None: no holder)."""
+        """Epoch seconds at which the holder's claim lapses (None: no holder, or no readable renewal time - then
+        only this module's own observation of the resourceVersion can free it)."""
         spec = obj.get("spec") or {}
         if not spec.get("holderIdentity"):
             return None
-        renewed = parse_time(spec.get("renewTime") or spec.get("acquireTime")) or 0
+        renewed = parse_time(spec.get("renewTime") or spec.get("acquireTime"))
+        if renewed is None:
+            return None
         return renewed + int(spec.get("leaseDurationSeconds") or self.duration)
 
     def is_free(self, obj):
         spec = (obj or {}).get("spec") or {}
         if obj is None or not spec.get("holderIdentity") or spec["holderIdentity"] == self.holder:
             return True
-        if self.clock() > self.expires(obj):
+        expires = self.expires(obj)
+        if expires is not None and self.clock() > expires:
             return True
         # our own observation, immune to clock skew: unchanged for longer than the duration
         rv = obj["metadata"].get("resourceVersion")

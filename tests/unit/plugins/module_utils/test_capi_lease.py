@@ -48,6 +48,19 @@ def test_micro_time_round_trip():
     assert parse_time("2027-01-15T08:00:00.250000Z") == pytest.approx(1_800_000_000.25)
     assert parse_time("2027-01-15T08:00:00Z") == 1_800_000_000
     assert parse_time("garbage") is None and parse_time(None) is None
+    # what other clients may write (the Python client's datetimes): any RFC 3339 offset
+    assert parse_time("2027-01-15T08:00:00+00:00") == 1_800_000_000
+    assert parse_time("2027-01-15T10:00:00.5+02:00") == pytest.approx(1_800_000_000.5)
+
+
+def test_a_holder_whose_renewal_time_cannot_be_read_is_not_taken_over_at_once(sim):
+    lock(sim, "run-a").acquire(timeout=0)
+    leases = sim.store.resource("coordination.k8s.io", "leases")
+    obj = stored(sim)
+    obj["spec"]["renewTime"] = obj["spec"]["acquireTime"] = "yesterday-ish"
+    sim.store.update(leases, "default", "converged-hpc", obj)
+    with pytest.raises(LeaseHeld):
+        lock(sim, "run-b").acquire(timeout=0)
 
 
 def test_first_run_creates_the_lease(sim):
