@@ -51,9 +51,11 @@ options:
     type: str
     required: true
   hint:
-    description: Machine names an event or a webhook named (a hint, never the truth).
-    type: list
-    elements: str
+    description:
+      - Machines an event or a webhook named (a hint, never the truth), in any shape they arrive in - names, or
+        Machines as the event source and the webhook body carry them (mappings with C(name)), lists of those, or a
+        string (C(-e converged_reconcile_hint=a,b) or a YAML list).
+    type: raw
     default: []
   capi_var:
     description: The inventory plugin's hostvar_name.
@@ -73,7 +75,10 @@ _value:
   type: dict
 """
 
+import yaml
+
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.common.collections import is_sequence
 
 
 def parse_sinfo(lines):
@@ -95,6 +100,26 @@ def parse_sinfo(lines):
 def responding(state):
     """sinfo's compact state: a trailing * means the node does not respond; unk: it never registered."""
     return not (state.endswith("*") or state.startswith("unk"))
+
+
+def hint_names(hint):
+    """Machine names from a hint in whatever shape it came: a name, "a,b", "[a, b]", {name: ...}, lists of those."""
+    if hint is None:
+        return set()
+    if isinstance(hint, dict):
+        return {str(hint["name"])} if hint.get("name") else set()
+    if isinstance(hint, (str, bytes)):
+        text = hint.decode() if isinstance(hint, bytes) else hint
+        text = text.strip()
+        if text.startswith(("[", "{")):
+            try:
+                return hint_names(yaml.safe_load(text))
+            except yaml.YAMLError:
+                pass
+        return {part.strip().strip("'\"") for part in text.strip("[]").split(",") if part.strip().strip("'\"")}
+    if is_sequence(hint):
+        return set().union(*(hint_names(item) for item in hint)) if hint else set()
+    return {str(hint)}
 
 
 def reconcile_plan(lines, hostvars, groups, node_types, hook_key, hint=None, capi_var="capi"):
@@ -145,7 +170,7 @@ def reconcile_plan(lines, hostvars, groups, node_types, hook_key, hint=None, cap
         gone = not responding(have["state"]) or have["state"].startswith("down")
         plan["ghosts" if gone else "ghosts_alive"].append(node)
 
-    plan["hint_unknown"] = sorted({str(h) for h in (hint or ()) if h and str(h) not in machines})
+    plan["hint_unknown"] = sorted(name for name in hint_names(hint) if name not in machines)
     plan["idle"] = not (plan["new"] or plan["repair"] or plan["leaving"] or plan["ghosts"])
     return plan
 

@@ -69,3 +69,13 @@ def test_the_compute_types_as_the_contract_leaves_them_on_the_control_node():
     by_dict = reconcile_plan(lines, {}, {}, NODE_TYPES, HOOK)
     by_names = reconcile_plan(lines, {}, {}, ["compute", "gpu"], HOOK)
     assert by_dict["ghosts"] == by_names["ghosts"] == ["ghost"]
+
+
+@pytest.mark.parametrize("hint", [
+    "m1,gone", "['m1', 'gone']", ["m1", "gone"], [{"name": "m1", "resourceVersion": "3"}, {"name": "gone"}],
+    [["m1"], [{"name": "gone", "namespace": "metal3"}], []], ["", "m1,gone"],
+])
+def test_a_hint_in_every_shape_it_arrives_in(hint):
+    hv = {"m1": host("cn1", "m1")}
+    res = plan(["cn1|idle|compute"], hv, {"converged_compute": ["m1"]}, hint=hint)
+    assert res["hint_unknown"] == ["gone"] and res["idle"]
