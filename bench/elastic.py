@@ -7,7 +7,12 @@
     by our pre-terminate hook) to the hook released (scale_down.yml), and on to
     the Machines gone.
 
-    python3 bench/elastic.py [--batches 1,5,10]
+(c) with --events: the same through the event path (lab/lab.sh events: ansible-rulebook,
+    the capi_machines source, reconcile.yml) with nobody running a playbook - Provisioned
+    -> every new node IDLE, deletionTimestamp -> Machines gone - and a burst of --burst
+    Machines at once (default 50): how many reconcile runs it started.
+
+    python3 bench/elastic.py [--batches 1,5,10] [--events] [--burst 50]
 
 Anchors printed beside them: 38.74 s per node with a prebaked image and 267.59 s
 with a stock one, as measured in the thesis this project follows.
@@ -45,9 +50,62 @@ def scale(n):
     return total, up, down, gone, held
 
 
+def reconcile_runs():
+    """How many reconcile.yml runs the event path has started (its log, .lab/ebench/logs/events.log)."""
+    path = os.path.join(REPO, ENV["LAB_STATE"], "logs", "events.log")
+    if not os.path.exists(path):
+        return 0
+    with open(path, errors="replace") as log:
+        return log.read().count("PLAY [What differs between Cluster API and Slurm]")
+
+
+def wait_runs_settle(quiet=20, timeout=900):
+    """Until no new reconcile run has started for `quiet` seconds (and none is running)."""
+    deadline, last, since = time.time() + timeout, reconcile_runs(), time.time()
+    while time.time() < deadline:
+        time.sleep(2)
+        now = reconcile_runs()
+        running = subprocess.run(["pgrep", "-f", "playbooks/reconcile.yml"], capture_output=True,
+                                 check=False).returncode == 0
+        if now != last or running:
+            last, since = now, time.time()
+        elif time.time() - since >= quiet:
+            return now
+    return reconcile_runs()
+
+
+def events(batches, replicas, burst):
+    """(c): the event path does the work; scale.py only changes the replicas and waits."""
+    sh("lab/lab.sh", "events")
+    try:
+        wait_runs_settle()  # its initial reconcile
+        for batch in batches:
+            replicas += batch
+            out = sh("python3", "lab/scale.py", str(replicas))
+            idle = float(re.search(r"IDLE ([\d.]+) s after Provisioned", out).group(1))
+            print("event path +%-3d Provisioned -> all IDLE %6.1f s (%5.1f s per node)" % (batch, idle, idle / batch),
+                  flush=True)
+        out = sh("python3", "lab/scale.py", "1")
+        gone = float(re.search(r"Machines gone ([\d.]+) s after Deleting", out).group(1))
+        print("event path -%-3d deletionTimestamp -> Machines gone %6.1f s" % (replicas - 1, gone), flush=True)
+        before = wait_runs_settle()
+        t0 = time.time()
+        out = sh("python3", "lab/scale.py", str(1 + burst))
+        idle = float(re.search(r"IDLE ([\d.]+) s after Provisioned", out).group(1))
+        runs = wait_runs_settle() - before
+        print("event path +%-3d at once: %d reconcile run(s) started; all IDLE %.1f s after Provisioned "
+              "(%.1f s from the scale command)" % (burst, runs, idle, time.time() - t0), flush=True)
+        sh("lab/lab.sh", "events-stop")
+        sh("python3", "lab/scale.py", "1")
+    finally:
+        sh("lab/lab.sh", "events-stop")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,5,10")
+    ap.add_argument("--events", action="store_true", help="also measure the event path (c)")
+    ap.add_argument("--burst", type=int, default=50, help="Machines at once for the event path's job count")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     print("elastic benchmark: lab 'ebench', 1 controller + 1 compute to start, prebaked image", flush=True)
@@ -70,6 +128,8 @@ def main():
         print("scale-down -%-3d deletionTimestamp -> hooks released %6.1f s (%4.1f s per node); "
               "Machines gone after %5.1f s" % (leaving, float(down.group(1)), float(down.group(1)) / leaving,
                                                float(gone.group(1)) - float(held.group(1))), flush=True)
+        if args.events:
+            events(batches, 1, args.burst)
     finally:
         sh("lab/lab.sh", "down")
     print("anchors (thesis): 38.74 s per node with a prebaked image, 267.59 s with a stock image")

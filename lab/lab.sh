@@ -8,6 +8,8 @@
 #   lab/lab.sh sim               start the management cluster simulator for the machines
 #   lab/lab.sh ping              ansible ping of every machine over SSH
 #   lab/lab.sh converge          the main job: site.yml through the CAPI inventory, validate.yml
+#   lab/lab.sh events            the event path: ansible-rulebook runs reconcile.yml on Machine events
+#   lab/lab.sh events-stop       stop it
 #   lab/lab.sh status            list the lab's machines
 #   lab/lab.sh down              remove every container, network and volume of the lab
 #
@@ -404,6 +406,45 @@ cmd_sim_stop() {
   fi
 }
 
+# The event path (docs/events.md): ansible-rulebook with the collection's rulebook,
+# watching the lab's management cluster and running reconcile.yml (run_playbook) on
+# every burst of Machine transitions, until 'lab/lab.sh events-stop' or 'down'.
+cmd_events() {
+  local inv="$STATE/capi.capi_machines.yml" dir="$STATE/events"
+  [[ -f "$inv" ]] || die "no CAPI inventory: run 'make lab' first"
+  command -v ansible-rulebook >/dev/null && command -v java >/dev/null \
+    || die "the event path needs ansible-rulebook and a Java 17 runtime: run 'make deps'"
+  cmd_events_stop quiet
+  mkdir -p "$dir"
+  printf '%s\n' "# Written by lab/lab.sh events: the rulebook's variables for this lab." \
+    "converged_capi_namespaces: [metal3]" "converged_capi_window: ${LAB_EVENT_WINDOW:-3}" \
+    "converged_reconcile_playbook: $REPO_DIR/playbooks/reconcile.yml" >"$dir/vars.yml"
+  # run_playbook runs reconcile.yml with ansible-rulebook's inventory, which it copies: a file
+  # alone would lose the lab's group_vars beside it, so give it a directory holding both (the
+  # copy follows the links). The source reads the management cluster through the same kubeconfig.
+  rm -rf "$dir/inventory"; mkdir -p "$dir/inventory"
+  ln -s "$inv" "$dir/inventory/capi.capi_machines.yml"
+  ln -s "$STATE/group_vars" "$dir/inventory/group_vars"
+  ANSIBLE_CONFIG="$REPO_DIR/ansible.cfg" K8S_AUTH_KUBECONFIG="$STATE/capi/kubeconfig" \
+    setsid nohup ansible-rulebook -r converged.hpc.reconcile -i "$dir/inventory" --vars "$dir/vars.yml" \
+    >"$STATE/logs/events.log" 2>&1 </dev/null &
+  echo $! >"$dir/rulebook.pid"
+  say "event path running: ansible-rulebook -r converged.hpc.reconcile (pid $(cat "$dir/rulebook.pid"), log ${STATE#"$REPO_DIR"/}/logs/events.log); 'make lab-scale N=...' and the cluster follows"
+}
+
+cmd_events_stop() {
+  local pidfile="$STATE/events/rulebook.pid"
+  if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    local pid; pid=$(cat "$pidfile")
+    # its own session (setsid): the rulebook and the reconcile it may be running
+    kill -TERM -- "-$pid" 2>/dev/null || kill "$pid"
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    [[ "${1:-}" == quiet ]] || say "stopped the event path (ansible-rulebook)"
+  fi
+  rm -f "$pidfile"
+}
+
 # The main job: site.yml through the CAPI inventory, then validate.yml.
 cmd_converge() {
   local inv="$STATE/capi.capi_machines.yml" t0
@@ -450,6 +491,7 @@ cmd_status() {
 }
 
 cmd_down() {
+  cmd_events_stop
   cmd_sim_stop
   local names
   names=$(podman ps -a --filter "label=$LABEL=$LAB_NAME" --format '{{.Names}}')
@@ -485,9 +527,11 @@ case "${1:-}" in
   directory) cmd_directory ;;
   sim) cmd_sim ;;
   converge) cmd_converge ;;
+  events) cmd_events ;;
+  events-stop) cmd_events_stop ;;
   ping) cmd_ping ;;
   status) cmd_status ;;
   down) cmd_down ;;
   purge) cmd_purge ;;
-  *) sed -n '2,12p' "$0"; exit 2 ;;
+  *) sed -n '2,14p' "$0"; exit 2 ;;
 esac

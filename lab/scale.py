@@ -6,6 +6,9 @@ playbook AWX would run for the event, and report the timings.
 Up:   set replicas; wait until every new Machine is Provisioned; run scale_up.yml.
 Down: set replicas; wait until the Machines Cluster API picked are Deleting and
       held by our pre-terminate hook; run scale_down.yml; wait until they are gone.
+With the event path running (lab/lab.sh events, which `make lab` starts), nothing
+is run by hand: it only changes the replicas and reports when the cluster has
+followed by itself (up: every new node IDLE in Slurm; down: the Machines gone).
 """
 
 import argparse
@@ -52,6 +55,30 @@ def playbook(repo, state, name, extra_vars=()):
     return rc
 
 
+def events_running(state):
+    """The lab's ansible-rulebook (lab/lab.sh events) is alive."""
+    try:
+        with open(os.path.join(state, "events", "rulebook.pid")) as handle:
+            os.kill(int(handle.read().strip()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def slurm_idle(state):
+    """Slurm's IDLE nodes, asked on the lab's first controller machine."""
+    with open(os.path.join(state, "machines.tsv")) as handle:
+        controller = next(line.split()[0] for line in handle if line.split()[2:3] == ["controller"])
+    out = subprocess.run(["podman", "exec", controller, "sinfo", "--noheader", "--Node", "--format", "%N %t"],
+                         capture_output=True, text=True, check=False).stdout
+    return {n for n, st in (line.split() for line in out.splitlines() if line.strip()) if st == "idle"}
+
+
+def hostname(machine):
+    return next((a["address"] for a in (machine.get("status") or {}).get("addresses") or []
+                 if a["type"] == "Hostname"), machine["metadata"]["name"])
+
+
 def main():
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,6 +112,13 @@ def main():
         log(t0, "Provisioned: %s" % ", ".join(new))
         if args.no_playbook:
             return 0
+        if events_running(args.state):
+            names = {hostname(m) for n, m in machines(co, md).items() if n in new}
+            wait(t0, "the event path to join %s" % ", ".join(sorted(names)),
+                 lambda: names <= slurm_idle(args.state), args.timeout, poll=1)
+            log(t0, "the event path joined them: IDLE %.1f s after Provisioned (nobody ran a playbook)"
+                % (time.time() - t_ready))
+            return 0
         rc = playbook(repo, args.state, "scale_up.yml", args.extra_vars)
         log(t0, "scale_up.yml %s in %.1f s (from Provisioned to every new node IDLE)"
             % ("done" if rc == 0 else "FAILED, see %s/logs/scale_up.log" % args.state, time.time() - t_ready))
@@ -101,6 +135,12 @@ def main():
         t_del = time.time()
         log(t0, "Deleting (held by the pre-terminate hook): %s" % ", ".join(leaving))
         if args.no_playbook:
+            return 0
+        if events_running(args.state):
+            wait(t0, "the event path to release them", lambda: not (set(leaving) & set(machines(co, md))),
+                 args.timeout, poll=1)
+            log(t0, "the event path drained and released them; Machines gone %.1f s after Deleting" % (
+                time.time() - t_del))
             return 0
         rc = playbook(repo, args.state, "scale_down.yml", args.extra_vars)
         log(t0, "scale_down.yml %s in %.1f s" % ("done" if rc == 0 else "FAILED, see %s/logs/scale_down.log"

@@ -22,7 +22,7 @@ import time
 import pytest
 from kubernetes import client, config
 
-from labkit import Lab, has_podman
+from labkit import REPO, Lab, has_podman
 
 # the lab default munge key source (secret) runs in make lab; this lab generates its key
 LAB = Lab("elab", "10.89.80", 16480, ".lab/e2e", LAB_CONTROLLERS="2", LAB_HA="1", LAB_COMPUTE="2",
@@ -159,8 +159,18 @@ def test_a_second_scale_down_waits_for_the_lease(lab):
     # another run holds the Lease (renewed just now): this one waits, and gives up after its timeout
     leases = client.CoordinationV1Api(lab.api_client)
     now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
-    leases.create_namespaced_lease("default", {"metadata": {"name": "converged-hpc"}, "spec": {
-        "holderIdentity": "other run", "leaseDurationSeconds": 3600, "acquireTime": now, "renewTime": now}})
+    held = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "converged-hpc"},
+            "spec": {"holderIdentity": "other run", "leaseDurationSeconds": 3600, "acquireTime": now,
+                     "renewTime": now}}
+    # written as is (the typed client would send its datetimes without the microseconds MicroTime has)
+    try:  # the earlier runs left it there, given back (no holder)
+        held["metadata"]["resourceVersion"] = lab.get_namespaced_custom_object(
+            "coordination.k8s.io", "v1", "default", "leases", "converged-hpc")["metadata"]["resourceVersion"]
+        lab.replace_namespaced_custom_object("coordination.k8s.io", "v1", "default", "leases", "converged-hpc", held)
+    except client.exceptions.ApiException as exc:
+        assert exc.status == 404, exc
+        held["metadata"].pop("resourceVersion", None)
+        lab.create_namespaced_custom_object("coordination.k8s.io", "v1", "default", "leases", held)
     victim = sorted(compute_machines(lab, deleting=False), key=hostname)[-1]
     mark_for_deletion(lab, victim)
     try:
@@ -452,15 +462,110 @@ def test_reconcile_converges_every_difference_at_once(lab):
     completed([job])  # untouched by the run (its node was converged again beside it)
 
 
-def test_reconcile_with_nothing_to_do_changes_nothing(lab):
-    res = LAB.playbook("reconcile.yml")
-    assert res.returncode == 0, res.stdout[-4000:]
-    assert "reconcile: nothing to do - 3 compute Machine(s) and 3 Slurm node(s) agree" in res.stdout, \
-        res.stdout[-4000:]
-    recap = res.stdout[res.stdout.index("PLAY RECAP"):]
+def awx_job(playbook, extravars, tmp_path):
+    """A job as AWX runs it, with the real ansible-runner: the inventory source (the project's
+    inventories/capi.capi_machines.yml, the lab's settings as its group_vars) synced first, then handed
+    to the job as an inventory script; the management cluster credential injected as the collection's
+    kubeconfig credential type does it (K8S_AUTH_KUBECONFIG); the webhook's body as extra vars."""
+    import ansible_runner  # pylint: disable=import-outside-toplevel
+
+    pdd = tmp_path / "pdd"
+    (pdd / "env").mkdir(parents=True)
+    os.symlink(REPO, pdd / "project")
+    source = tmp_path / "source"
+    source.mkdir()
+    with open(os.path.join(REPO, "inventories", "capi.capi_machines.yml")) as src:
+        (source / "capi.capi_machines.yml").write_text(src.read())
+    os.symlink(os.path.join(STATE, "group_vars"), source / "group_vars")
+    envvars = {"K8S_AUTH_KUBECONFIG": os.path.join(STATE, "capi", "kubeconfig"), "ANSIBLE_NOCOLOR": "1",
+               "ANSIBLE_COLLECTIONS_PATH": os.path.join(REPO, ".lab", "collections")}
+    out, err = ansible_runner.interface.get_inventory("list", [str(source / "capi.capi_machines.yml")],
+                                                      response_format="json", envvars=envvars, quiet=True)
+    assert isinstance(out, dict), err
+    script = pdd / "inventory" / "hosts"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\ncat <<'EOF'\n%s\nEOF\n" % json.dumps(out))
+    script.chmod(0o700)
+    run = ansible_runner.run(private_data_dir=str(pdd), playbook=playbook, envvars=envvars, extravars=extravars,
+                             quiet=True, timeout=900)
+    return run.rc, run.stdout.read()
+
+
+def test_reconcile_with_nothing_to_do_changes_nothing(lab, tmp_path):
+    # run as AWX runs the reconcile template's webhook job (GitLab style: the body, AWX keys on its hash)
+    payload = {"reasons": ["up"], "resourceVersion": "1", "at": time.time(),
+               "machines": [{"namespace": NS, "name": m["metadata"]["name"], "resourceVersion": "1"}
+                            for m in compute_machines(lab, deleting=False)]}
+    rc, out = awx_job("playbooks/reconcile.yml", {"awx_webhook_payload": payload,
+                                                  "awx_webhook_event_type": "converged-hpc-machines"}, tmp_path)
+    assert rc == 0, out[-4000:]
+    assert "reconcile: nothing to do - 3 compute Machine(s) and 3 Slurm node(s) agree" in out, out[-4000:]
+    recap = out[out.index("PLAY RECAP"):]
     assert re.findall(r"changed=(\d+)", recap) and set(re.findall(r"changed=(\d+)", recap)) == {"0"}, recap
     res = scale(1)  # back to one node for the tests that follow
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_a_host_unreachable_during_a_reconcile_is_named_and_joined_by_the_next(lab):
+    # two new Machines; one of them cannot be reached (its SSH stopped) while reconcile.yml runs
+    assert sh("python3", "lab/scale.py", "3", "--no-playbook", check=False).returncode == 0
+    new = sorted((m for m in compute_machines(lab, deleting=False) if hostname(m) not in slurm_nodes()),
+                 key=hostname)
+    assert len(new) == 2
+    away, other = new
+    on(hostname(away), "systemctl stop ssh.service; systemctl stop ssh.socket 2>/dev/null || true")
+    try:
+        res = LAB.playbook("reconcile.yml")
+    finally:
+        on(hostname(away), "systemctl start ssh.service")
+    assert res.returncode != 0
+    assert re.search(r"reconcile could not finish: not joined: %s;" % away["metadata"]["name"], res.stdout), \
+        res.stdout[-3000:]
+    assert "UNREACHABLE" in res.stdout  # reported by name as Ansible does
+    assert slurm_nodes().get(hostname(other)) == "idle"  # the others still converged
+    res = LAB.playbook("reconcile.yml")  # the next run, the host back
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert slurm_nodes().get(hostname(away)) == "idle"
+    res = scale(1)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_event_path_follows_scaling_with_nobody_running_a_playbook(lab):
+    # the event path as `make lab` leaves it: ansible-rulebook, the capi_machines source, reconcile.yml
+    sh("lab/lab.sh", "events")
+    try:
+        started = time.time()
+        res = scale(3)  # 1 -> 3: with the event path running, scale.py only changes the replicas
+        assert res.returncode == 0, res.stdout + res.stderr + events_log()[-3000:]
+        assert "the event path joined them" in res.stdout, res.stdout
+        record("event path: 1 -> 3 replicas, both new nodes IDLE (no playbook run by hand)", time.time() - started)
+        assert sorted(slurm_nodes().values()) == ["idle"] * 3
+        # the event source stopped; a Machine deleted while a job runs on it; the source started again
+        sh("lab/lab.sh", "events-stop")
+        (leaving,) = victims(lab, 1)
+        job = submit(hostname(leaving), seconds=30)
+        mark_for_deletion(lab, leaving)
+        res = sh("python3", "lab/scale.py", "2", "--no-playbook", check=False)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert hostname(leaving) in slurm_nodes()  # nothing ran while the source was down
+        restarted = time.time()
+        sh("lab/lab.sh", "events")
+        # caught up at start (its initial event): drained, the job finished, then the hook released
+        wait_gone(lab, leaving, timeout=300)
+        record("event path restarted: missed deletion caught up, job finished, Machine released",
+               time.time() - restarted)
+        completed([job])
+        assert hostname(leaving) not in slurm_nodes()
+        assert "reconcile: " in events_log()
+    finally:
+        sh("lab/lab.sh", "events-stop", check=False)
+    res = scale(1)  # back to one node for the tests that follow (no event path: scale_down.yml)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def events_log():
+    path = os.path.join(STATE, "logs", "events.log")
+    return open(path).read() if os.path.exists(path) else ""
 
 
 def test_the_primary_controller_killed_during_a_drain(lab):
