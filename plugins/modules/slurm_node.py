@@ -138,13 +138,7 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-
-_PAIR = re.compile(r"(\w+)=(.*?)(?=\s+\w+=|$)")
-
-
-def parse_node(text):
-    """scontrol show node --oneliner output to a dict (values may contain spaces, e.g. Reason)."""
-    return {k: v.strip() for k, v in _PAIR.findall(text.strip())}
+from ansible_collections.converged.hpc.plugins.module_utils.slurm_text import parse_node
 
 
 BUSY_STATES = frozenset(("ALLOCATED", "MIXED", "COMPLETING"))

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import COLLECTIONS, REPO
 
-from ansible_collections.converged.hpc.plugins.modules.slurm_node import parse_node
+from ansible_collections.converged.hpc.plugins.module_utils.slurm_text import parse_node
 
 FAKE = r'''#!/usr/bin/env python3
 import json, os, sys

@@ -1,0 +1,156 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: converged.hpc contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: slurm_queue
+short_description: Read Slurm's demand (pending jobs) and supply (nodes) for the autoscaler
+version_added: 0.4.0
+author: converged.hpc contributors (@converged-hpc)
+description:
+  - Runs on a host with the Slurm client tools and a working munge (the controller). Reads only; never
+    changes anything.
+  - Pending jobs (C(squeue --array --states=PENDING)), one per array task, with what each needs - nodes,
+    CPUs, memory per node, features - and why it pends. Only a job pending for a reason more nodes could
+    remove (RV(jobs[].runnable)) counts as demand - C(Resources), C(Priority), C(PartitionConfig) (a
+    partition whose nodeset is empty), C(PartitionNodeLimit), C(NodeDown), C(ReqNodeNotAvail) and
+    C(None) (not yet looked at by the scheduler). Held jobs, dependencies, begin times, reservations
+    and association or QOS limits never do.
+  - Every node (C(scontrol show node --oneliner)) with its state, features, partitions and, for an idle
+    node, for how long it has been idle (from Slurm's C(LastBusyTime), else C(SlurmdStartTime)).
+  - The partitions Slurm knows (C(scontrol show partition)).
+  - A query that fails fails the module with Slurm's message: no answer is never read as an empty queue.
+options:
+  partitions:
+    description: Only pending jobs that may run in one of these partitions; empty reads them all.
+    type: list
+    elements: str
+    default: []
+attributes:
+  check_mode:
+    support: full
+    description: The module only reads.
+notes:
+  - The decision from what it reads is the filter converged.hpc.autoscale_plan's (playbooks/autoscale.yml).
+"""
+
+EXAMPLES = r"""
+- name: Read the queue and the nodes
+  converged.hpc.slurm_queue:
+  register: queue
+  delegate_to: "{{ groups['converged_controller'][0] }}"
+"""
+
+RETURN = r"""
+jobs:
+  description: The pending jobs (one per array task), in submission order.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {"id": "42", "partitions": ["compute"], "nodes": 2, "cpus": 2, "memory_mib": 0, "features": "",
+       "reason": "PartitionConfig", "runnable": true}
+nodes:
+  description: Every Slurm node.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {"name": "cn-01", "state": "IDLE", "flags": ["DYNAMIC_NORM"], "available": true, "busy": false,
+       "features": ["compute"], "partitions": ["compute"], "cpus": 2, "idle_seconds": 75}
+partitions:
+  description: The partitions Slurm knows.
+  returned: always
+  type: list
+  elements: str
+now:
+  description: The controller's clock (epoch seconds) when the nodes were read.
+  returned: always
+  type: float
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.converged.hpc.plugins.module_utils.slurm_text import (
+    memory_mib, parse_node, slurm_time)
+
+# why a pending job waits, when more nodes would start it
+RUNNABLE = frozenset(("Resources", "Priority", "PartitionConfig", "PartitionNodeLimit", "NodeDown",
+                      "ReqNodeNotAvail", "None"))
+BUSY = frozenset(("ALLOCATED", "MIXED", "COMPLETING"))
+# flags that take a node out of service
+UNAVAILABLE = frozenset(("DRAIN", "DRAINING", "DRAINED", "NOT_RESPONDING", "FAIL", "MAINTENANCE", "REBOOT_REQUESTED",
+                         "REBOOT_ISSUED", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "RESERVED"))
+SQUEUE_FORMAT = "%i;%P;%D;%C;%m;%r;%f"
+
+
+def parse_jobs(text):
+    """squeue output in SQUEUE_FORMAT to job dicts."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split(";", 6)
+        if len(fields) != 7:
+            raise ValueError("unexpected squeue line %r" % line)
+        job_id, partitions, nodes, cpus, memory, reason, features = [f.strip() for f in fields]
+        reason_key = reason.split(",")[0]
+        jobs.append({"id": job_id, "partitions": [p for p in partitions.split(",") if p],
+                     "nodes": int(nodes) if nodes.isdigit() else 1, "cpus": int(cpus) if cpus.isdigit() else 1,
+                     "memory_mib": memory_mib(memory), "features": "" if features in ("(null)", "") else features,
+                     "reason": reason, "runnable": reason_key in RUNNABLE})
+    return jobs
+
+
+def node_record(raw, now):
+    """scontrol's node dict to what the autoscaler reads."""
+    parts = (raw.get("State") or "UNKNOWN").split("+")
+    state, flags = parts[0].rstrip("*"), parts[1:]
+    available = state not in ("DOWN", "FUTURE", "UNKNOWN") and not UNAVAILABLE.intersection(flags)
+    record = {"name": raw.get("NodeName"), "state": state, "flags": flags, "available": available,
+              "busy": state in BUSY or "COMPLETING" in flags,
+              "features": [f for f in (raw.get("AvailableFeatures") or "").split(",") if f and f != "(null)"],
+              "partitions": [p for p in (raw.get("Partitions") or "").split(",") if p and p != "(null)"],
+              "cpus": int(raw["CPUTot"]) if (raw.get("CPUTot") or "").isdigit() else None,
+              "idle_seconds": None}
+    if state == "IDLE" and not record["busy"]:
+        # a node that never ran a job: idle since slurmd started
+        since = slurm_time(raw.get("LastBusyTime")) or slurm_time(raw.get("SlurmdStartTime"))
+        record["idle_seconds"] = max(0, int(now - since)) if since else None
+    return record
+
+
+def main():
+    module = AnsibleModule(argument_spec={"partitions": {"type": "list", "elements": "str", "default": []}},
+                           supports_check_mode=True)
+
+    def run(args, what):
+        rc, out, err = module.run_command(args)
+        if rc != 0:
+            module.fail_json(msg="%s failed (rc %d): %s" % (what, rc, (err or out).strip()))
+        return out
+
+    squeue = ["squeue", "--noheader", "--array", "--states=PENDING", "--sort=V,i", "--format", SQUEUE_FORMAT]
+    if module.params["partitions"]:
+        squeue += ["--partition", ",".join(module.params["partitions"])]
+    try:
+        jobs = parse_jobs(run(squeue, "squeue"))
+    except ValueError as exc:
+        module.fail_json(msg="squeue: %s" % exc)
+    now = time.time()
+    out = run(["scontrol", "show", "node", "--oneliner"], "scontrol show node")
+    nodes = [node_record(parse_node(line), now) for line in out.splitlines() if line.startswith("NodeName=")]
+    out = run(["scontrol", "show", "partition", "--oneliner"], "scontrol show partition")
+    partitions = [parse_node(line).get("PartitionName") for line in out.splitlines()
+                  if line.startswith("PartitionName=")]
+    module.exit_json(changed=False, jobs=jobs, nodes=nodes, partitions=partitions, now=now)
+
+
+if __name__ == "__main__":
+    main()
