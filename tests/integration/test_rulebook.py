@@ -145,3 +145,26 @@ def test_events_reach_awx_as_signed_webhooks_one_job_per_burst(world, tmp_path, 
         out = stop(proc)
         awx.stop()
     assert key not in out
+
+
+def test_the_autoscale_rulebook_ticks_the_autoscaler_and_still_reconciles(world, tmp_path):
+    a_machine(world, "cn-1")
+    env = {"K8S_AUTH_HOST": world.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN}
+    proc, record = start(tmp_path, env, "autoscale", converged_autoscale_playbook=str(tmp_path / "record.yml"),
+                         converged_autoscale_interval=2)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            lines = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+            if sum("tick" in e for e in lines) >= 3 and any("capi_machines" in e for e in lines):
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.3)
+        else:
+            raise AssertionError("no ticks and Machine events after 90 s: %s" % stop(proc)[-3000:])
+    finally:
+        stop(proc)
+    ticks = [e["tick"] for e in lines if "tick" in e]
+    assert [t["index"] for t in ticks[:3]] == [0, 1, 2] and {t["name"] for t in ticks} == {"autoscale"}
+    machine_events = [e["capi_machines"] for e in lines if "capi_machines" in e]
+    assert [m["name"] for m in machine_events[0]["machines"]] == ["cn-1"]
