@@ -254,9 +254,9 @@ def _decide(pool, jobs, nodes, machines, now, idle_time, cooldown):
             desired = replicas - len(victims)
             why.append("idle >= %d s: %s" % (idle_time, ", ".join(v["node"] for v in victims)))
         if waiting and surplus > len(victims):
-            why.append("idle timer: %s" % ", ".join("%s %s/%d s" % (n["name"], "?" if n["idle_seconds"] is None
-                                                                      else n["idle_seconds"], idle_time)
-                                                    for n in waiting))
+            timers = ["%s %s/%d s" % (n["name"], "?" if n["idle_seconds"] is None else n["idle_seconds"], idle_time)
+                      for n in waiting]
+            why.append("idle timer: %s" % ", ".join(timers))
         if replicas <= pool["min"] and idle:
             why.append("min %d kept" % pool["min"])
     action = "up" if desired > replicas else "down" if desired < replicas else "none"

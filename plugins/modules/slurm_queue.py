@@ -17,14 +17,14 @@ description:
     changes anything.
   - Pending jobs (C(squeue --array --states=PENDING)), one per array task, with what each needs - nodes,
     CPUs, memory per node, features - and why it pends. Only a job pending for a reason more nodes could
-    remove (RV(jobs[].runnable)) counts as demand - C(Resources), C(Priority), C(PartitionConfig) (a
+    remove (C(runnable) in RV(jobs)) counts as demand - C(Resources), C(Priority), C(PartitionConfig) (a
     partition whose nodeset is empty), C(PartitionNodeLimit), C(NodeDown), C(ReqNodeNotAvail) and
     C(None) (not yet looked at by the scheduler). Held jobs, dependencies, begin times, reservations
     and association or QOS limits never do.
   - Every node (C(scontrol show node --oneliner)) with its state, features, partitions and, for an idle
     node, for how long it has been idle (from Slurm's C(LastBusyTime), else C(SlurmdStartTime)).
   - The partitions Slurm knows (C(scontrol show partition)).
-  - A query that fails fails the module with Slurm's message: no answer is never read as an empty queue.
+  - A query that fails fails the module with Slurm's message, so that no answer is never read as an empty queue.
 options:
   partitions:
     description: Only pending jobs that may run in one of these partitions; empty reads them all.
