@@ -7,7 +7,7 @@ PYTHON ?= python3
 SCENARIOS ?= default cluster ha
 COLLECTION_LINK := .lab/collections/ansible_collections/converged/hpc
 
-.PHONY: help deps dev-collection lab lab-scale lab-down lab-ping lab-status images unit lint sanity molecule e2e e2e-elastic e2e-others test build ee
+.PHONY: help deps dev-collection lab lab-scale lab-down lab-ping lab-status images unit lint sanity molecule e2e e2e-elastic e2e-autoscale e2e-others test build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -71,20 +71,24 @@ molecule: dev-collection images
 	  $(PYTHON) tests/check_secrets.py molecule/$$s/molecule.yml .lab/logs/molecule-$$s.log || exit 1; \
 	done
 
-## make e2e        end-to-end lab tests in labs of their own: the elastic lab (the longest)
-##                 runs beside the others; its output is printed at the end
+## make e2e        end-to-end lab tests in labs of their own: the elastic lab (the longest) and
+##                 the autoscale lab run beside the others; their output is printed at the end
 E2E_ELASTIC := tests/e2e/test_elastic.py
-E2E_OTHERS := $(filter-out $(E2E_ELASTIC),$(sort $(wildcard tests/e2e/test_*.py)))
+E2E_AUTOSCALE := tests/e2e/test_autoscale.py
+E2E_OTHERS := $(filter-out $(E2E_ELASTIC) $(E2E_AUTOSCALE),$(sort $(wildcard tests/e2e/test_*.py)))
 E2E_RUN := $(PYTHON) -m pytest -q --durations=8
-# $(call beside,WHO,OTHERS): the elastic lab in the background (its output in
-# .lab/logs/e2e-elastic.log, printed at the end) beside the command OTHERS; fails when either does
+# $(call beside,WHO,OTHERS): the elastic and autoscale labs in the background (their output in
+# .lab/logs/e2e-elastic.log and e2e-autoscale.log, printed at the end) beside the command OTHERS;
+# fails when any of them does
 beside = set +e; \
 	$(MAKE) -s e2e-elastic >.lab/logs/e2e-elastic.log 2>&1 & elastic_pid=$$!; \
+	$(MAKE) -s e2e-autoscale >.lab/logs/e2e-autoscale.log 2>&1 & autoscale_pid=$$!; \
 	$(2); others=$$?; \
-	wait $$elastic_pid; elastic=$$?; \
+	wait $$elastic_pid; elastic=$$?; wait $$autoscale_pid; autoscale=$$?; \
 	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)):"; cat .lab/logs/e2e-elastic.log; \
-	echo "[$(1)] exit codes: $(2): $$others, the elastic lab: $$elastic"; \
-	test $$others -eq 0 && test $$elastic -eq 0
+	echo "[$(1)] the autoscale lab ($(E2E_AUTOSCALE)):"; cat .lab/logs/e2e-autoscale.log; \
+	echo "[$(1)] exit codes: $(2): $$others, the elastic lab: $$elastic, the autoscale lab: $$autoscale"; \
+	test $$others -eq 0 && test $$elastic -eq 0 && test $$autoscale -eq 0
 
 e2e: dev-collection images
 	@mkdir -p .lab/logs
@@ -93,12 +97,15 @@ e2e: dev-collection images
 e2e-elastic: dev-collection images
 	$(E2E_RUN) $(E2E_ELASTIC)
 
+e2e-autoscale: dev-collection images
+	$(E2E_RUN) $(E2E_AUTOSCALE)
+
 e2e-others: dev-collection images
 	$(E2E_RUN) $(E2E_OTHERS)
 
 ## make test       everything CI runs (installs what is missing first): unit and lint, then the
-##                 elastic lab beside the molecule scenarios and the other labs (two streams; the
-##                 elastic lab's output is printed at the end, and kept in .lab/logs/e2e-elastic.log)
+##                 elastic and autoscale labs beside the molecule scenarios and the other labs (three
+##                 streams; the two labs' output is printed at the end, and kept in .lab/logs/)
 test: deps
 	$(MAKE) unit lint images dev-collection
 	@mkdir -p .lab/logs

@@ -4,7 +4,9 @@ Input: the lab's machines.tsv (name, address, node type). Output: one YAML
 stream for capisim with, per node type, a MachineDeployment and MachineSet
 (template labels carry node-type), and per machine a Machine (phase
 Provisioned: a Slurm host never becomes a Kubernetes Node), its Metal3Machine
-and its BareMetalHost with the hardware the lab declares.
+and its BareMetalHost with the hardware the lab declares. A compute
+MachineDeployment is always there, at 0 replicas when the lab has no compute
+machine (the autoscaler grows it, docs/autoscale.md).
 
     lab/capi_objects.py MACHINES_TSV OUT_YAML --cluster lab --cpus 2 --ram-mib 2000
 
@@ -29,13 +31,18 @@ def mac(name):
     return "02:" + ":".join(digest[i:i + 2] for i in range(0, 10, 2))
 
 
+# node types that get a MachineDeployment even with no machine (LAB_COMPUTE=0): the
+# autoscaler grows the compute one from zero
+ALWAYS = ("compute",)
+
+
 def objects(machines, cluster, cpus, ram_mib):
     docs = [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
              "metadata": {"name": cluster, "namespace": NS},
              "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
                                             "kind": "Metal3Cluster", "name": cluster}},
              "status": {"phase": "Provisioned"}}]
-    types = sorted({m[2] for m in machines})
+    types = sorted({m[2] for m in machines} | set(ALWAYS))
     for node_type in types:
         md = "%s-%s" % (cluster, node_type)
         ms = md + "-5d8c7"

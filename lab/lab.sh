@@ -9,6 +9,7 @@
 #   lab/lab.sh ping              ansible ping of every machine over SSH
 #   lab/lab.sh converge          the main job: site.yml through the CAPI inventory, validate.yml
 #   lab/lab.sh events            the event path: ansible-rulebook runs reconcile.yml on Machine events
+#                                (LAB_EVENTS_RULEBOOK=autoscale: and autoscale.yml every LAB_AUTOSCALE_INTERVAL s)
 #   lab/lab.sh events-stop       stop it
 #   lab/lab.sh status            list the lab's machines
 #   lab/lab.sh down              remove every container, network and volume of the lab
@@ -416,9 +417,14 @@ cmd_events() {
     || die "the event path needs ansible-rulebook and a Java 17 runtime: run 'make deps'"
   cmd_events_stop quiet
   mkdir -p "$dir"
+  local rulebook="${LAB_EVENTS_RULEBOOK:-reconcile}"
+  [[ "$rulebook" == reconcile || "$rulebook" == autoscale ]] \
+    || die "LAB_EVENTS_RULEBOOK='$rulebook' must be reconcile or autoscale"
   printf '%s\n' "# Written by lab/lab.sh events: the rulebook's variables for this lab." \
     "converged_capi_namespaces: [metal3]" "converged_capi_window: ${LAB_EVENT_WINDOW:-3}" \
-    "converged_reconcile_playbook: $REPO_DIR/playbooks/reconcile.yml" >"$dir/vars.yml"
+    "converged_reconcile_playbook: $REPO_DIR/playbooks/reconcile.yml" \
+    "converged_autoscale_playbook: $REPO_DIR/playbooks/autoscale.yml" \
+    "converged_autoscale_interval: ${LAB_AUTOSCALE_INTERVAL:-20}" >"$dir/vars.yml"
   # run_playbook runs reconcile.yml with ansible-rulebook's inventory, which it copies: a file
   # alone would lose the lab's group_vars beside it, so give it a directory holding both (the
   # copy follows the links). The source reads the management cluster through the same kubeconfig.
@@ -426,10 +432,10 @@ cmd_events() {
   ln -s "$inv" "$dir/inventory/capi.capi_machines.yml"
   ln -s "$STATE/group_vars" "$dir/inventory/group_vars"
   ANSIBLE_CONFIG="$REPO_DIR/ansible.cfg" K8S_AUTH_KUBECONFIG="$STATE/capi/kubeconfig" \
-    setsid nohup ansible-rulebook -r converged.hpc.reconcile -i "$dir/inventory" --vars "$dir/vars.yml" \
+    setsid nohup ansible-rulebook -r "converged.hpc.$rulebook" -i "$dir/inventory" --vars "$dir/vars.yml" \
     >"$STATE/logs/events.log" 2>&1 </dev/null &
   echo $! >"$dir/rulebook.pid"
-  say "event path running: ansible-rulebook -r converged.hpc.reconcile (pid $(cat "$dir/rulebook.pid"), log ${STATE#"$REPO_DIR"/}/logs/events.log); 'make lab-scale N=...' and the cluster follows"
+  say "event path running: ansible-rulebook -r converged.hpc.$rulebook (pid $(cat "$dir/rulebook.pid"), log ${STATE#"$REPO_DIR"/}/logs/events.log); 'make lab-scale N=...' and the cluster follows"
 }
 
 cmd_events_stop() {

@@ -1,0 +1,221 @@
+"""Queue-driven autoscaling end to end in a lab of its own: real Slurm, the simulator's
+Cluster API controller, and nobody running a playbook by hand in the first test -
+ansible-rulebook (converged.hpc.autoscale) runs autoscale.yml on a tick and reconcile.yml
+on Machine events.
+
+The lab starts with no compute machine (LAB_COMPUTE=0): its compute MachineDeployment is
+at 0 replicas, autoscaled between the Cluster API autoscaler annotations' min 0 and max 3.
+Order matters (one lab, module scope): 0 -> jobs -> 3 -> every job done -> 0; jobs more
+nodes would not start scale nothing; then by hand: max reached, min kept, bad input.
+"""
+
+import base64
+import json
+import os
+import re
+import time
+
+import pytest
+from kubernetes import client, config
+
+from labkit import Lab, has_podman
+
+LAB = Lab("alab", "10.89.87", 16487, ".lab/e2e-autoscale", LAB_COMPUTE="0", LAB_DIRECTORY="0",
+          LAB_EVENTS_RULEBOOK="autoscale", LAB_AUTOSCALE_INTERVAL="10")
+STATE = LAB.state
+sh, on = LAB.sh, LAB.on
+CTL = "alab-ctl-01"
+NS, G, V = "metal3", "cluster.x-k8s.io", "v1beta2"
+MD = "alab-compute"
+IDLE_TIME = 20
+MIN_ANNOTATION = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size"
+MAX_ANNOTATION = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size"
+
+pytestmark = pytest.mark.skipif(not has_podman(), reason="needs podman")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    LAB.up()
+    api = config.new_client_from_config(os.path.join(STATE, "capi", "kubeconfig"))
+    co = client.CustomObjectsApi(api)
+    co.patch_namespaced_custom_object(G, V, NS, "machinedeployments", MD, {"metadata": {"annotations": {
+        MIN_ANNOTATION: "0", MAX_ANNOTATION: "3"}}})
+    with open(os.path.join(STATE, "group_vars", "all", "autoscale.yml"), "w") as fh:
+        fh.write("converged_autoscale_idle_time: %d\nconverged_autoscale_cooldown: 15\n" % IDLE_TIME)
+    yield co
+    sh("lab/lab.sh", "events-stop", check=False)
+    LAB.down()
+
+
+def replicas(co):
+    return co.get_namespaced_custom_object(G, V, NS, "machinedeployments", MD)["spec"]["replicas"]
+
+
+def machines(co):
+    return co.list_namespaced_custom_object(G, V, NS, "machines",
+                                            label_selector="cluster.x-k8s.io/deployment-name=" + MD)["items"]
+
+
+def slurm_nodes():
+    out = on(CTL, "sinfo --noheader --Node --format '%N %t'", check=False).stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def submit(nodes, *options):
+    res = on(CTL, "sbatch --parsable -N %d %s --output=/tmp/as-%%j.out --wrap 'sleep 8; hostname'"
+             % (nodes, " ".join(options)))
+    return res.stdout.strip()
+
+
+def job_state(job):
+    out = on(CTL, "scontrol show job --oneliner %s" % job, check=False).stdout
+    state = re.search(r"JobState=(\S+)", out)
+    code = re.search(r"ExitCode=(\S+)", out)
+    return (state.group(1) if state else "UNKNOWN", code.group(1) if code else "")
+
+
+def events_log():
+    path = os.path.join(STATE, "logs", "events.log")
+    return open(path).read() if os.path.exists(path) else ""
+
+
+def wait(what, predicate, timeout, poll=2):
+    deadline = time.time() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError("%s: not after %d s\nSlurm: %s\nevents log:\n%s"
+                                 % (what, timeout, slurm_nodes(), events_log()[-4000:]))
+        time.sleep(poll)
+
+
+def test_an_empty_pool_grows_runs_every_job_and_shrinks_back_to_zero(lab):
+    assert replicas(lab) == 0 and machines(lab) == [] and slurm_nodes() == {}
+    # submitted at once, before the event path starts: its first tick sees the three
+    jobs = on(CTL, "for n in 1 2 2; do sbatch --parsable -N $n --output=/tmp/as-%j.out --wrap 'sleep 8; hostname'; "
+                   "done").stdout.split()
+    assert len(jobs) == 3, jobs
+    started = time.time()
+    sh("lab/lab.sh", "events")
+    peak, busy_removed = [0], []
+
+    def watch():
+        # every 2 s: the replicas never exceed max; no Machine is deleted while its node runs a job
+        peak[0] = max(peak[0], replicas(lab))
+        nodes = slurm_nodes()
+        for m in machines(lab):
+            if m["metadata"].get("deletionTimestamp"):
+                name = m["metadata"]["name"]
+                if nodes.get(name) in ("alloc", "mix", "comp"):
+                    busy_removed.append((name, nodes[name]))
+        return all(job_state(j)[0] == "COMPLETED" for j in jobs)
+
+    wait("every job completed", watch, 600)
+    done = time.time() - started
+    assert [job_state(j) for j in jobs] == [("COMPLETED", "0:0")] * 3
+    assert peak[0] == 3  # 5 nodes' worth of jobs, max 3
+    wait("scaled back to 0", lambda: watch() and replicas(lab) == 0 and not machines(lab) and not slurm_nodes(),
+         300)
+    assert busy_removed == [] and peak[0] == 3
+    log = events_log()
+    assert re.search(r"autoscale metal3/alab-compute \(partition compute\): pending 3 job\(s\) needing 5 node\(s\)"
+                     r".*replicas 0 -> 3 \(5 node\(s\) short; max 3 reached: 3 job\(s\) wait\)", log), log[-4000:]
+    assert re.search(r"replicas \d -> \d \(idle >= %d s: alab-cn-" % IDLE_TIME, log), log[-4000:]
+    with open(os.path.join(STATE, "logs", "autoscale-figures.tsv"), "a") as fh:
+        fh.write("jobs 1+2+2 nodes, 0 -> 3 -> 0\tall done %.1f s\tback to 0 %.1f s\n" % (done, time.time() - started))
+
+
+def test_jobs_more_nodes_would_not_start_scale_nothing(lab):
+    held = submit(1, "--hold")
+    dependent = submit(1, "--dependency=afterok:%s" % held)
+    mark = len(events_log())
+    # two autoscale runs at least (a tick every 10 s)
+    wait("two autoscale runs", lambda: events_log()[mark:].count("pending for Dependency") >= 2, 120)
+    log = events_log()[mark:]
+    assert "job %s: pending for JobHeldUser - more nodes would not start it" % held in log, log[-3000:]
+    assert "job %s: pending for Dependency - more nodes would not start it" % dependent in log, log[-3000:]
+    assert replicas(lab) == 0 and machines(lab) == []
+    on(CTL, "scancel %s %s" % (held, dependent))
+
+
+def test_max_reached_jobs_wait_and_min_keeps_nodes(lab):
+    sh("lab/lab.sh", "events-stop")
+    pools = pools_var({"name": MD, "min": 1, "max": 2})
+    quick = "converged_autoscale_idle_time=%d" % IDLE_TIME
+    jobs = [submit(1) for dummy in range(4)]
+    res = LAB.playbook("autoscale.yml", pools, quick)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "replicas 0 -> 2 (4 node(s) short; max 2 reached: 4 job(s) wait)" in res.stdout, res.stdout
+    assert replicas(lab) == 2
+    res = LAB.playbook("reconcile.yml")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(slurm_nodes()) == ["alab-cn-01", "alab-cn-02"] or len(slurm_nodes()) == 2
+    # at max, with jobs still waiting: nothing more
+    res = LAB.playbook("autoscale.yml", pools, quick)
+    assert res.returncode == 0 and replicas(lab) == 2, res.stdout
+    wait("the 4 jobs completed", lambda: all(job_state(j)[0] == "COMPLETED" for j in jobs), 300)
+    # idle long enough: down to min 1, the other node kept
+    time.sleep(IDLE_TIME + 1)
+    res = LAB.playbook("autoscale.yml", pools, quick, "converged_autoscale_cooldown=0")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "replicas 2 -> 1 (idle >= %d s: " % IDLE_TIME in res.stdout, res.stdout
+    assert replicas(lab) == 1
+    marked = [m for m in machines(lab) if "cluster.x-k8s.io/delete-machine" in m["metadata"].get("annotations", {})]
+    assert len(marked) == 1 and marked[0]["metadata"].get("deletionTimestamp"), marked
+    res = LAB.playbook("reconcile.yml")
+    assert res.returncode == 0, res.stdout + res.stderr
+    wait("one node left", lambda: len(machines(lab)) == 1 and len(slurm_nodes()) == 1, 120)
+    res = LAB.playbook("autoscale.yml", pools, quick, "converged_autoscale_cooldown=0")
+    assert res.returncode == 0 and "min 1 kept" in res.stdout and replicas(lab) == 1, res.stdout
+
+
+def pools_var(*pools):
+    return json.dumps({"converged_autoscale_pools": list(pools)})
+
+
+@pytest.mark.parametrize("extra, message", [
+    (pools_var({"name": MD, "min": 3, "max": 1}), "MachineDeployment metal3/alab-compute: min 3 > max 1"),
+    (pools_var({"name": "alab-controller", "max": 2}),
+     "its Machines are node type controller, which feeds no Slurm nodeset"),
+    (pools_var({"name": "alab-gpu", "max": 2}), "names MachineDeployment alab-gpu, which the cluster does not have"),
+])
+def test_bad_input_fails_before_any_change(lab, extra, message):
+    before = replicas(lab)
+    res = LAB.playbook("autoscale.yml", extra)
+    assert res.returncode != 0 and message in res.stdout, res.stdout
+    assert replicas(lab) == before
+
+
+def test_a_partition_slurm_does_not_have_fails_before_any_change(lab):
+    before = replicas(lab)
+    res = LAB.playbook("autoscale.yml", pools_var({"name": MD, "max": 2}), json.dumps({
+        "converged_partitions": [{"name": "compute", "default": True}, {"name": "batch"}],
+        "converged_node_types": {"controller": {"role": "controller"}, "compute": {
+            "role": "compute", "nodeset": "computeset", "partitions": ["compute", "batch"]}}}))
+    assert res.returncode != 0, res.stdout
+    assert "partition(s) batch of node type compute do not exist in Slurm (it has: compute)" in res.stdout, res.stdout
+    assert replicas(lab) == before
+
+
+def test_dry_run_decides_and_changes_nothing(lab):
+    before = replicas(lab)
+    jobs = [submit(2), submit(2)]
+    res = LAB.playbook("autoscale.yml", pools_var({"name": MD, "max": 3}), "converged_autoscale_dry_run=true")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "replicas %d -> 3" % before in res.stdout, res.stdout
+    assert replicas(lab) == before
+    on(CTL, "scancel %s" % " ".join(jobs))
+
+
+def test_no_secret_in_any_log(lab):
+    token = open(os.path.join(STATE, "capi", "token")).read().strip()
+    key = open(os.path.join(STATE, "capi", "munge.key"), "rb").read()  # served as a Secret to site.yml
+    logs = os.path.join(STATE, "logs")
+    assert "events.log" in os.listdir(logs)
+    for name in os.listdir(logs):
+        raw = open(os.path.join(logs, name), "rb").read()
+        assert token.encode() not in raw, name
+        assert key[:32] not in raw and base64.b64encode(key)[:40] not in raw, name
