@@ -70,7 +70,7 @@ def test_the_templates_run_playbooks_of_this_project_and_webhooks_launch_the_sca
     for template in templates:
         assert os.path.isfile(os.path.join(REPO, template["playbook"])), template
     assert {t["name"] for t in templates if t["webhook"]} == {"reconcile", "scale-up", "scale-down"}
-    assert {t["name"] for t in templates} >= {"site", "validate", "controller-takeover"}
+    assert {t["name"] for t in templates} >= {"site", "validate", "controller-takeover", "autoscale"}
     (source,) = [t["awx.awx.inventory_source"] for t in body if "awx.awx.inventory_source" in t]
     assert os.path.isfile(os.path.join(REPO, source["source_path"]))
     (jobs,) = [t["awx.awx.job_template"] for t in body if "awx.awx.job_template" in t]
