@@ -1,0 +1,110 @@
+"""Benchmark: queue-driven autoscaling in a lab of its own (prebaked image, no compute machine).
+
+The event path runs as in production (ansible-rulebook -r converged.hpc.autoscale: a tick runs
+autoscale.yml, Machine events run reconcile.yml); nobody runs a playbook. For each round:
+
+  (a) sbatch -N <n> on an empty cluster -> the job RUNNING (the MachineDeployment grows from 0,
+      the Machines are provisioned, the nodes join, Slurm starts the job);
+  (b) the job done -> the MachineDeployment back at 0 replicas and the Machines gone
+      (idle time + cooldown + the drain and the hook's release).
+
+    python3 bench/autoscale.py [--nodes 1,2] [--interval 10] [--idle-time 20] [--keep]
+
+The tick interval and idle time bound what is measured: (a) includes up to one interval before
+the autoscaler sees the job; (b) includes the idle time and up to one interval.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+from kubernetes import client, config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, LAB_NAME="asbench", LAB_SUBNET_PREFIX="10.89.91", LAB_API_PORT="16491",
+           LAB_STATE=".lab/asbench", LAB_FLAVOUR="prebaked", LAB_CONTROLLERS="1", LAB_COMPUTE="0", LAB_DIRECTORY="0",
+           LAB_EVENTS_RULEBOOK="autoscale", CONTAINERS_CONF=os.path.join(REPO, "lab", "containers.conf"),
+           ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
+STATE = os.path.join(REPO, ENV["LAB_STATE"])
+CTL, MD, NS = "asbench-ctl-01", "asbench-compute", "metal3"
+
+
+def sh(*cmd):
+    proc = subprocess.run(list(cmd), cwd=REPO, env=ENV, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.exit("%s failed:\n%s\n%s" % (" ".join(cmd), proc.stdout[-2000:], proc.stderr[-2000:]))
+    return proc.stdout
+
+
+def on(command):
+    return sh("podman", "exec", CTL, "bash", "-c", command)
+
+
+def wait(what, predicate, timeout=900):
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            sys.exit("%s: not after %d s (log: %s/logs/events.log)" % (what, timeout, ENV["LAB_STATE"]))
+        time.sleep(0.5)
+    return time.time()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", default="1,2", help="nodes each round's job asks for")
+    ap.add_argument("--interval", type=int, default=10, help="the autoscaler's tick (s)")
+    ap.add_argument("--idle-time", type=int, default=20, help="converged_autoscale_idle_time (s)")
+    ap.add_argument("--keep", action="store_true", help="leave the lab up")
+    args = ap.parse_args()
+    ENV["LAB_AUTOSCALE_INTERVAL"] = str(args.interval)
+    sh("make", "-s", "dev-collection")
+    sh("lab/lab.sh", "down")
+    for step in ("up", "sim", "converge"):
+        sh("lab/lab.sh", step)
+    co = client.CustomObjectsApi(config.new_client_from_config(os.path.join(STATE, "capi", "kubeconfig")))
+    co.patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", NS, "machinedeployments", MD, {"metadata": {
+        "annotations": {"cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "0",
+                        "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "10"}}})
+    with open(os.path.join(STATE, "group_vars", "all", "autoscale.yml"), "w") as fh:
+        fh.write("converged_autoscale_idle_time: %d\nconverged_autoscale_cooldown: 0\n" % args.idle_time)
+    sh("lab/lab.sh", "events")
+
+    def replicas():
+        return co.get_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", NS, "machinedeployments",
+                                               MD)["spec"]["replicas"]
+
+    def machines():
+        return co.list_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", NS, "machines",
+                                                label_selector="cluster.x-k8s.io/deployment-name=" + MD)["items"]
+
+    def state(job):
+        found = re.search(r"JobState=(\S+)", on("scontrol show job --oneliner %s || true" % job))
+        return found.group(1) if found else "UNKNOWN"
+
+    print("autoscale bench: tick %d s, idle time %d s, cooldown 0, prebaked image" % (args.interval, args.idle_time))
+    print("%-6s %-22s %-22s %-s" % ("nodes", "sbatch -> RUNNING (s)", "done -> 0 replicas (s)", "peak replicas"))
+    try:
+        for nodes in [int(n) for n in args.nodes.split(",")]:
+            wait("an empty pool", lambda: replicas() == 0 and not machines())
+            t0 = time.time()
+            job = on("sbatch --parsable -N %d --wrap 'sleep 5'" % nodes).strip()
+            peak = [0]
+
+            def running():
+                peak[0] = max(peak[0], replicas())
+                return state(job) in ("RUNNING", "COMPLETING", "COMPLETED")
+            t_run = wait("job %s running" % job, running)
+            t_done = wait("job %s completed" % job, lambda: state(job) == "COMPLETED")
+            t_zero = wait("back to 0", lambda: replicas() == 0 and not machines())
+            print("%-6d %-22.1f %-22.1f %d" % (nodes, t_run - t0, t_zero - t_done, peak[0]), flush=True)
+    finally:
+        sh("lab/lab.sh", "events-stop")
+        if not args.keep:
+            sh("lab/lab.sh", "down")
+
+
+if __name__ == "__main__":
+    main()
