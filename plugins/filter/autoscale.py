@@ -198,6 +198,26 @@ def constraint_met(constraint, features):
     return False
 
 
+def _gres(item):
+    """C(gpu:a100:2) -> (C(gpu:a100), 2); C(gpu) -> (C(gpu), 1)."""
+    parts = str(item).split(":")
+    if len(parts) > 1 and parts[-1].isdigit():
+        return ":".join(parts[:-1]), int(parts[-1])
+    return ":".join(parts), 1
+
+
+def gres_met(wanted, offered):
+    """Whether a node offering these GRES (C(gpu:a100:4)) has what a job asks per node (C(gpu:2), C(gpu:a100:2))."""
+    have = {}
+    for item in offered or []:
+        name, count = _gres(item)
+        have[name] = have.get(name, 0) + count
+        if ":" in name:  # gpu:a100:4 also offers gpu:4
+            kind = name.split(":")[0]
+            have[kind] = have.get(kind, 0) + count
+    return all(have.get(name, 0) >= count for name, count in (_gres(item) for item in wanted or []))
+
+
 def _machines(hostvars, hosts, capi_var):
     """Slurm node name -> the Machine behind it (namespace, name, deployment, deleting, cpus)."""
     out = {}
@@ -283,13 +303,15 @@ def autoscale_plan(queue, pools, hostvars, hosts, idle_time=300, cooldown=120, c
             waiting.append("job %s: pending for %s - more nodes would not start it" % (job["id"], job["reason"]))
             continue
         for pool in pools:
-            if set(job["partitions"]) & set(pool["partitions"]) and constraint_met(job["features"], pool["features"]):
+            if set(job["partitions"]) & set(pool["partitions"]) and constraint_met(job["features"], pool["features"]) \
+                    and gres_met(job.get("gres"), pool.get("gres")):
                 served[(pool["namespace"], pool["name"])].append(job)
                 break
         else:
-            waiting.append("job %s: no autoscaled MachineDeployment can run it (partition %s%s)"
+            waiting.append("job %s: no autoscaled MachineDeployment can run it (partition %s%s%s)"
                            % (job["id"], ",".join(job["partitions"]),
-                              ", constraint %s" % job["features"] if job["features"] else ""))
+                              ", constraint %s" % job["features"] if job["features"] else "",
+                              ", gres %s" % ",".join(job["gres"]) if job.get("gres") else ""))
     now = float(queue.get("now") or 0)
     decided = [_decide(p, served[(p["namespace"], p["name"])], queue["nodes"], machines, now, int(idle_time),
                        int(cooldown)) for p in pools]

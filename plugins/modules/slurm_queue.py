@@ -16,7 +16,7 @@ description:
   - Runs on a host with the Slurm client tools and a working munge (the controller). Reads only; never
     changes anything.
   - Pending jobs (C(squeue --array --states=PENDING)), one per array task, with what each needs - nodes,
-    CPUs, memory per node, features - and why it pends. Only a job pending for a reason more nodes could
+    CPUs, memory per node, features, generic resources (GRES, as C(gpu:a100:2)) - and why it pends. Only a job pending for a reason more nodes could
     remove (C(runnable) in RV(jobs)) counts as demand - C(Resources), C(Priority), C(PartitionConfig) (a
     partition whose nodeset is empty), C(PartitionNodeLimit), C(NodeDown), C(ReqNodeNotAvail) and
     C(None) (not yet looked at by the scheduler). Held jobs, dependencies, begin times, reservations
@@ -54,7 +54,7 @@ jobs:
   elements: dict
   sample:
     - {"id": "42", "partitions": ["compute"], "nodes": 2, "cpus": 2, "memory_mib": 0, "features": "",
-       "reason": "PartitionConfig", "runnable": true}
+       "gres": [], "reason": "PartitionConfig", "runnable": true}
 nodes:
   description: Every Slurm node.
   returned: always
@@ -87,7 +87,21 @@ BUSY = frozenset(("ALLOCATED", "MIXED", "COMPLETING"))
 # flags that take a node out of service
 UNAVAILABLE = frozenset(("DRAIN", "DRAINING", "DRAINED", "NOT_RESPONDING", "FAIL", "MAINTENANCE", "REBOOT_REQUESTED",
                          "REBOOT_ISSUED", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "RESERVED"))
-SQUEUE_FORMAT = "%i;%P;%D;%C;%m;%r;%f"
+SQUEUE_FORMAT = "%i;%P;%D;%C;%m;%r;%b;%f"
+
+
+def parse_gres(text):
+    """squeue's %b (C(gres:gpu:2), C(gres/gpu:a100:2), C(N/A)) to C([gpu:2]), C([gpu:a100:2]), C([])."""
+    if text in ("N/A", "(null)", ""):
+        return []
+    out = []
+    for item in text.split(","):
+        for prefix in ("gres:", "gres/"):
+            if item.startswith(prefix):
+                item = item[len(prefix):]
+        if item:
+            out.append(item)
+    return out
 
 
 def parse_jobs(text):
@@ -96,14 +110,15 @@ def parse_jobs(text):
     for line in text.splitlines():
         if not line.strip():
             continue
-        fields = line.split(";", 6)
-        if len(fields) != 7:
+        fields = line.split(";", 7)
+        if len(fields) != 8:
             raise ValueError("unexpected squeue line %r" % line)
-        job_id, partitions, nodes, cpus, memory, reason, features = [f.strip() for f in fields]
+        job_id, partitions, nodes, cpus, memory, reason, gres, features = [f.strip() for f in fields]
         reason_key = reason.split(",")[0]
         jobs.append({"id": job_id, "partitions": [p for p in partitions.split(",") if p],
                      "nodes": int(nodes) if nodes.isdigit() else 1, "cpus": int(cpus) if cpus.isdigit() else 1,
                      "memory_mib": memory_mib(memory), "features": "" if features in ("(null)", "") else features,
+                     "gres": parse_gres(gres),
                      "reason": reason, "runnable": reason_key in RUNNABLE})
     return jobs
 

@@ -5,7 +5,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.converged.hpc.plugins.filter.autoscale import (
-    MAX_ANNOTATION, MIN_ANNOTATION, autoscale_plan, autoscale_pools, constraint_met)
+    MAX_ANNOTATION, MIN_ANNOTATION, autoscale_plan, autoscale_pools, constraint_met, gres_met)
 
 NODE_TYPES = {"controller": {"role": "controller"},
               "compute": {"role": "compute", "nodeset": "computeset", "partitions": ["compute"]},
@@ -126,15 +126,17 @@ def test_cpus_turn_into_nodes():
 
 
 def test_jobs_that_more_nodes_would_not_start_scale_nothing():
+    gpu_job = dict(job("11"), gres=["gpu:2"])
     jobs = [job("7", reason="JobHeldUser"), job("8", reason="Dependency"),
-            job("9", features="infiniband", reason="PartitionConfig"), job("10", partition="debug")]
+            job("9", features="infiniband", reason="PartitionConfig"), job("10", partition="debug"), gpu_job]
     res = plan(jobs, [], [pool()])
     assert res["pools"][0]["action"] == "none" and not res["changes"]
     assert res["waiting"] == [
         "job 7: pending for JobHeldUser - more nodes would not start it",
         "job 8: pending for Dependency - more nodes would not start it",
         "job 9: no autoscaled MachineDeployment can run it (partition compute, constraint infiniband)",
-        "job 10: no autoscaled MachineDeployment can run it (partition debug)"]
+        "job 10: no autoscaled MachineDeployment can run it (partition debug)",
+        "job 11: no autoscaled MachineDeployment can run it (partition compute, gres gpu:2)"]
     assert res["lines"][1:] == res["waiting"]
 
 
@@ -191,3 +193,11 @@ def test_not_a_queue():
 ])
 def test_constraints(constraint, features, met):
     assert constraint_met(constraint, features) is met
+
+
+@pytest.mark.parametrize("wanted, offered, met", [
+    ([], [], True), (["gpu:2"], [], False), (["gpu:2"], ["gpu:a100:4"], True), (["gpu:a100:2"], ["gpu:a100:4"], True),
+    (["gpu:h100:1"], ["gpu:a100:4"], False), (["gpu:5"], ["gpu:a100:4"], False), (["gpu"], ["gpu:1"], True),
+])
+def test_gres(wanted, offered, met):
+    assert gres_met(wanted, offered) is met

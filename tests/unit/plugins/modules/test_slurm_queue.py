@@ -4,20 +4,21 @@ import time
 
 import pytest
 
-from ansible_collections.converged.hpc.plugins.modules.slurm_queue import node_record, parse_jobs
+from ansible_collections.converged.hpc.plugins.modules.slurm_queue import node_record, parse_gres, parse_jobs
 from ansible_collections.converged.hpc.plugins.module_utils.slurm_text import memory_mib, parse_node, slurm_time
 
 
 def test_pending_jobs_and_why():
-    text = ("12;compute;2;2;0;PartitionConfig;(null)\n"
-            "13_4;compute,gpu;1;8;4G;Resources;gpu&a100|h100\n"
-            "14;compute;1;1;2000M;JobHeldUser;(null)\n"
-            "15;compute;1;1;0;ReqNodeNotAvail,_UnavailableNodes:cn-01;(null)\n"
-            "16;compute;1;1;0;Dependency;(null)\n")
+    text = ("12;compute;2;2;0;PartitionConfig;N/A;(null)\n"
+            "13_4;compute,gpu;1;8;4G;Resources;gres:gpu:a100:2;gpu&a100|h100\n"
+            "14;compute;1;1;2000M;JobHeldUser;N/A;(null)\n"
+            "15;compute;1;1;0;ReqNodeNotAvail,_UnavailableNodes:cn-01;N/A;(null)\n"
+            "16;compute;1;1;0;Dependency;N/A;(null)\n")
     jobs = parse_jobs(text)
     assert [(j["id"], j["nodes"], j["runnable"]) for j in jobs] == [
         ("12", 2, True), ("13_4", 1, True), ("14", 1, False), ("15", 1, True), ("16", 1, False)]
     assert jobs[1]["partitions"] == ["compute", "gpu"] and jobs[1]["features"] == "gpu&a100|h100"
+    assert jobs[1]["gres"] == ["gpu:a100:2"] and jobs[0]["gres"] == []
     assert jobs[1]["memory_mib"] == 4096 and jobs[2]["memory_mib"] == 2000 and jobs[0]["features"] == ""
 
 
@@ -48,3 +49,7 @@ def test_nodes_idle_busy_out_of_service():
 def test_sizes_and_times():
     assert (memory_mib("0"), memory_mib("512K"), memory_mib("1.5G"), memory_mib("junk")) == (0, 0, 1536, 0)
     assert slurm_time("None") is None and slurm_time("Unknown") is None
+
+
+def test_gres_forms():
+    assert parse_gres("N/A") == [] and parse_gres("gres/gpu:a100:2,gres/fpga:1") == ["gpu:a100:2", "fpga:1"]
