@@ -166,8 +166,12 @@ def test_max_reached_jobs_wait_and_min_keeps_nodes(lab):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "replicas 2 -> 1 (idle >= %d s: " % IDLE_TIME in res.stdout, res.stdout
     assert replicas(lab) == 1
-    marked = [m for m in machines(lab) if "cluster.x-k8s.io/delete-machine" in m["metadata"].get("annotations", {})]
-    assert len(marked) == 1 and marked[0]["metadata"].get("deletionTimestamp"), marked
+    def marked():
+        return [m for m in machines(lab) if "cluster.x-k8s.io/delete-machine" in m["metadata"].get("annotations", {})]
+    assert len(marked()) == 1, marked()
+    # the simulator's MachineSet deletes the marked Machine (the pre-terminate hook holds it)
+    wait("the marked Machine being deleted", lambda: all(m["metadata"].get("deletionTimestamp") for m in marked()),
+         60)
     res = LAB.playbook("reconcile.yml")
     assert res.returncode == 0, res.stdout + res.stderr
     wait("one node left", lambda: len(machines(lab)) == 1 and len(slurm_nodes()) == 1, 120)
