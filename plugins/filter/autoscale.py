@@ -213,7 +213,7 @@ def gres_met(wanted, offered):
         name, count = _gres(item)
         have[name] = have.get(name, 0) + count
         if ":" in name:  # gpu:a100:4 also offers gpu:4
-            kind = name.split(":")[0]
+            kind = name.split(":", maxsplit=1)[0]
             have[kind] = have.get(kind, 0) + count
     return all(have.get(name, 0) >= count for name, count in (_gres(item) for item in wanted or []))
 

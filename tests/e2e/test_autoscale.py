@@ -166,6 +166,7 @@ def test_max_reached_jobs_wait_and_min_keeps_nodes(lab):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "replicas 2 -> 1 (idle >= %d s: " % IDLE_TIME in res.stdout, res.stdout
     assert replicas(lab) == 1
+
     def marked():
         return [m for m in machines(lab) if "cluster.x-k8s.io/delete-machine" in m["metadata"].get("annotations", {})]
     assert len(marked()) == 1, marked()
