@@ -80,11 +80,11 @@ import math
 import re
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.converged.hpc.plugins.filter.contract import FEATURE_LABEL_PREFIX, label_features
 
 MIN_ANNOTATION = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size"
 MAX_ANNOTATION = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size"
 SCALED_UP_ANNOTATION = "converged.hpc/scaled-up-at"
-FEATURE_LABEL_PREFIX = "feature.slurm.converged.hpc/"
 _COUNT = re.compile(r"\*\d+$")
 
 
@@ -101,13 +101,6 @@ def _whole(value, what, errors):
         errors.append("%s %r is negative" % (what, value))
         return None
     return number
-
-
-def _template_features(md, node_type, prefix):
-    labels = ((((md.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels")) or {}
-    extra = [key[len(prefix):] for key in sorted(labels) if prefix and key.startswith(prefix)
-             and len(key) > len(prefix) and str(labels[key]).lower() not in ("false", "no", "0")]
-    return list(dict.fromkeys([node_type] + extra))
 
 
 def autoscale_pools(machine_deployments, node_types, settings=None, slurm_partitions=None,
@@ -179,7 +172,8 @@ def autoscale_pools(machine_deployments, node_types, settings=None, slurm_partit
         except ValueError:
             scaled_up_at = 0.0
         pools.append({"namespace": key[0], "name": key[1], "node_type": node_type, "nodeset": spec["nodeset"],
-                      "partitions": partitions, "features": _template_features(md, node_type, feature_label_prefix),
+                      "partitions": partitions,
+                      "features": list(dict.fromkeys([node_type] + label_features(template, feature_label_prefix))),
                       "replicas": int((md.get("spec") or {}).get("replicas") or 0), "min": low, "max": high,
                       "scaled_up_at": scaled_up_at})
     return {"pools": pools, "errors": errors}
