@@ -120,6 +120,8 @@ def main():
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--ram-mib", type=int, default=2000)
     ap.add_argument("--munge-key-file", help="also serve this munge key as Secret metal3/munge-key")
+    ap.add_argument("--slurmdbd-password-file",
+                    help="also serve this password as Secret metal3/slurmdbd (key password)")
     args = ap.parse_args()
     with open(args.machines) as fh:
         machines = [tuple(line.split()) for line in fh if line.strip()]
@@ -138,6 +140,11 @@ def main():
             docs.insert(0, {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                             "metadata": {"name": "munge-key", "namespace": NS},
                             "data": {"munge.key": base64.b64encode(fh.read()).decode()}})
+    if args.slurmdbd_password_file:
+        with open(args.slurmdbd_password_file, "rb") as fh:
+            docs.insert(0, {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                            "metadata": {"name": "slurmdbd", "namespace": NS},
+                            "data": {"password": base64.b64encode(fh.read().strip()).decode()}})
     with open(args.out, "w") as fh:
         os.chmod(args.out, 0o600)
         yaml.safe_dump_all(docs, fh, sort_keys=False)

@@ -31,11 +31,12 @@ SSH_USER="admin"
 STATE="$REPO_DIR/$LAB_STATE"
 API_PORT="${LAB_API_PORT:-16443}"
 # Packages of the prebaked flavour: what the roles install (slurm_common,
-# munge, slurm_controller, slurm_compute, mpich, sssd, nfs_*, keepalived),
+# munge, slurm_controller, slurm_compute, mpich, sssd, nfs_*, keepalived, mariadb,
+# slurmdbd, slurmrestd),
 # and the lab directory's slapd (lab/directory.yml).
 PREBAKED_PACKAGES="munge slurm-client slurmctld slurmd libpmix2 mpich libmpich-dev gcc libc6-dev
  sssd-ldap libnss-sss libpam-sss ldap-utils keepalived nfs-common nfs-ganesha nfs-ganesha-vfs
- libnfs-utils slapd python3-ldap"
+ libnfs-utils slapd python3-ldap mariadb-server python3-pymysql slurmdbd slurmrestd slurm-wlm-jwt-plugin"
 BASE_PACKAGES="systemd,systemd-sysv,dbus,python3,python3-apt,iproute2,openssh-server,sudo,procps,ca-certificates,less"
 
 T0=$(date +%s%N)
@@ -88,6 +89,8 @@ validate_conf() {
     || die "LAB_DIRECTORY='$LAB_DIRECTORY' is not 0 or 1"
   [[ "$LAB_HA" == 0 || ( "$LAB_HA" == 1 && "$LAB_CONTROLLERS" -ge 2 && "$LAB_CLUSTERS" == 1 ) ]] \
     || die "LAB_HA='$LAB_HA' must be 0, or 1 with LAB_CONTROLLERS >= 2 (it is $LAB_CONTROLLERS) and LAB_CLUSTERS=1"
+  [[ "$LAB_ACCOUNTING_HOST" == 0 || ( "$LAB_ACCOUNTING_HOST" == 1 && "$LAB_CLUSTERS" == 1 ) ]] \
+    || die "LAB_ACCOUNTING_HOST='$LAB_ACCOUNTING_HOST' must be 0, or 1 with LAB_CLUSTERS=1"
   [[ "$LAB_CLUSTERS" =~ ^[1-9]$ && "$LAB_CLUSTERS" -le "$(( LAB_CONTROLLERS > 0 ? LAB_CONTROLLERS : 1 ))" ]] \
     || die "LAB_CLUSTERS='$LAB_CLUSTERS' must be 1-9 and at most LAB_CONTROLLERS ($LAB_CONTROLLERS): one controller each"
 }
@@ -206,6 +209,9 @@ wanted_machines() {
   for ((i = 1; i <= LAB_COMPUTE; i++)); do
     printf '%s-cn-%02d %s.%d compute\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((20 + i))
   done
+  if [[ "$LAB_ACCOUNTING_HOST" == 1 ]]; then
+    printf '%s-db-01 %s.6 accounting\n' "$LAB_NAME" "$LAB_SUBNET_PREFIX"
+  fi
 }
 
 ensure_key() {
@@ -248,7 +254,7 @@ write_state() {
     echo "    converged_lab_cpus: $LAB_CPUS"
     echo "    converged_lab_ram_mib: $LAB_RAM_MIB"
     echo "  children:"
-    for type in controller compute; do
+    for type in controller compute accounting; do
       echo "    $type:"
       if grep -q " $type\$" "$machines"; then
         echo "      hosts:"
@@ -326,9 +332,11 @@ cmd_sim() {
   [[ -f "$dir/token" ]] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$dir/token")
   # The cluster's munge key lives in the management cluster, as a Secret.
   [[ -f "$dir/munge.key" ]] || (umask 077; head -c 1024 /dev/urandom >"$dir/munge.key")
+  # So does the accounting database's password (Secret metal3/slurmdbd, key password).
+  [[ -f "$dir/slurmdbd.pw" ]] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$dir/slurmdbd.pw")
   (umask 077; python3 "$LAB_DIR/capi_objects.py" "$STATE/machines.tsv" "$dir/objects.yaml" \
     --cluster "$LAB_NAME" --clusters "$LAB_CLUSTERS" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB" \
-    --munge-key-file "$dir/munge.key")
+    --munge-key-file "$dir/munge.key" --slurmdbd-password-file "$dir/slurmdbd.pw")
   cmd_sim_stop quiet
   # The simulator's CAPI controller boots and removes lab machines with lab/machines.py.
   export LAB_NAME LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_SUBNET_PREFIX LAB_CPUS LAB_RAM_MIB LAB_STATE \

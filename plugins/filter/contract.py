@@ -59,6 +59,18 @@ options:
         after its node type); a label whose value is C(false), C(no) or C(0) does not.
     type: str
     default: feature.slurm.converged.hpc/
+  accounting:
+    description:
+      - Accounting is on (C(converged_accounting)) - one host is chosen to run slurmdbd and its database,
+        and put in the group C(converged_slurmdbd).
+    type: bool
+    default: false
+  accounting_node_type:
+    description:
+      - The node type whose first host (by name, not being deleted) runs slurmdbd (C(converged_accounting_node_type)).
+      - Empty means a node type with role C(accounting) that has a host, else the controller node type.
+    type: str
+    default: ""
 """
 
 EXAMPLES = r"""
@@ -70,7 +82,8 @@ contract: >-
 RETURN = r"""
 _value:
   description: C(errors) (a list of sentences), C(hosts) (name, groups, vars of each Slurm host),
-    C(nodesets) (name, feature, partitions), C(ignored) (hosts of node types the contract does not know).
+    C(nodesets) (name, feature, partitions), C(ignored) (hosts of node types the contract does not know),
+    C(slurmdbd) (the host that runs slurmdbd, empty when accounting is off).
   type: dict
 """
 
@@ -78,9 +91,10 @@ import re
 
 from ansible.errors import AnsibleFilterError
 
-ROLES = ("controller", "compute", "login")
+ROLES = ("controller", "compute", "login", "accounting")
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-GROUP = "converged_%s"  # converged_controller, converged_compute, converged_login
+GROUP = "converged_%s"  # converged_controller, converged_compute, converged_login, converged_accounting
+SLURMDBD = "converged_slurmdbd"
 LEAVING = "converged_leaving"
 ALL = "converged_slurm"
 FEATURE_LABEL_PREFIX = "feature.slurm.converged.hpc/"
@@ -186,7 +200,7 @@ def label_features(labels, prefix):
 
 
 def contract(hostvars, groups, node_types, partitions, cluster="", play_hosts=None, capi_var="capi",
-             feature_label_prefix=FEATURE_LABEL_PREFIX):
+             feature_label_prefix=FEATURE_LABEL_PREFIX, accounting=False, accounting_node_type=""):
     """Apply the contract to every inventory host; see DOCUMENTATION."""
     if not isinstance(groups, dict):
         raise AnsibleFilterError("contract: groups must be a dict")
@@ -200,7 +214,8 @@ def contract(hostvars, groups, node_types, partitions, cluster="", play_hosts=No
             errors.append("the hosts of this run belong to %d Cluster API clusters (%s): converge one at a time, "
                           "with --limit capi_cluster_<name> or -e converged_cluster=<name>"
                           % (len(clusters), ", ".join(clusters)))
-    result = {"errors": errors, "hosts": [], "nodesets": nodesets(node_types), "ignored": [], "clusters": clusters}
+    result = {"errors": errors, "hosts": [], "nodesets": nodesets(node_types), "ignored": [], "clusters": clusters,
+              "slurmdbd": ""}
     names = {}
     for name in groups.get("all") or ():
         hv = hostvars[name]
@@ -232,7 +247,37 @@ def contract(hostvars, groups, node_types, partitions, cluster="", play_hosts=No
             features = [node_type] + label_features(capi.get("labels"), feature_label_prefix)
             host_vars["converged_slurm_features"] = list(dict.fromkeys(features))
         result["hosts"].append({"name": name, "groups": host_groups, "vars": host_vars})
+    if accounting:
+        _choose_slurmdbd(result, node_types, accounting_node_type)
     return result
+
+
+def _of_role(node_types, role):
+    return [t for t in sorted(node_types) if _plain(node_types[t]).get("role") == role]
+
+
+def _choose_slurmdbd(result, node_types, wanted):
+    """Put the first live host of the accounting node type in SLURMDBD, or say why none can be."""
+    live = {}
+    for host in result["hosts"]:
+        if LEAVING not in host["groups"]:
+            live.setdefault(host["vars"]["converged_node_type"], []).append(host)
+    if wanted:
+        if wanted not in node_types:
+            result["errors"].append("converged_accounting_node_type %r is not a node type of the contract (%s)"
+                                    % (wanted, ", ".join(sorted(node_types))))
+            return
+        candidates = [wanted]
+    else:
+        candidates = [t for t in _of_role(node_types, "accounting") if live.get(t)] \
+            or _of_role(node_types, "controller")
+    hosts = sorted((h for t in candidates for h in live.get(t, ())), key=lambda h: h["name"])
+    if not hosts:
+        result["errors"].append("accounting is on (converged_accounting) but no host can run slurmdbd: node type %s "
+                                "has no Machine that is not being deleted" % " or ".join(candidates))
+        return
+    hosts[0]["groups"].append(SLURMDBD)
+    result["slurmdbd"] = hosts[0]["name"]
 
 
 def partitions_with_nodes(node_types, partitions):
