@@ -1,6 +1,6 @@
 """Fail when a scenario's test secrets appear in its molecule output.
 
-Reads the secret variables (munge_key, *_password, *_token, *_secret) that a
+Reads the secret variables (munge_key, *_jwt_key, *_password, *_token, *_secret) that a
 scenario's molecule.yml gives its inventory, and searches the log for each
 value and, for base64 values, for the decoded bytes in hex and base64 forms.
 
@@ -14,7 +14,7 @@ import sys
 
 import yaml
 
-SECRET = re.compile(r"(munge_key|password|passwd|token|secret|auth_pass)$")
+SECRET = re.compile(r"(munge_key|jwt_key|password|passwd|token|secret|auth_pass)$")
 
 
 def secrets(node, out):

@@ -9,7 +9,8 @@ management cluster unreachable at the hook's release, a leaving node powered off
 immediate removal, two scale-downs and a scale-up at once, the primary controller's
 machine killed during a drain, the primary's Machine deleted (takeover, then release),
 the last controller's Machine deleted (its hook stays). Each fault test starts with
-jobs running on the leaving nodes and ends with every job's final state: 0 lost. The
+jobs running on the leaving nodes and ends with every job's final state: 0 lost, read
+back from Slurm's accounting (sacct, slurmdbd on a machine of its own) too. The
 time from each fault to a safe state goes to <lab>/logs/fault-figures.tsv.
 """
 
@@ -25,8 +26,9 @@ from kubernetes import client, config
 from labkit import REPO, Lab, has_podman
 
 # the lab default munge key source (secret) runs in make lab; this lab generates its key
+# accounting on a machine of its own (elab-db-01): it outlives either controller
 LAB = Lab("elab", "10.89.80", 16480, ".lab/e2e", LAB_CONTROLLERS="2", LAB_HA="1", LAB_COMPUTE="2",
-          LAB_MUNGE_KEY_SOURCE="generate", LAB_DIRECTORY="0")
+          LAB_MUNGE_KEY_SOURCE="generate", LAB_DIRECTORY="0", LAB_ACCOUNTING_HOST="1")
 STATE = LAB.state
 sh, on = LAB.sh, LAB.on
 PRIMARY, BACKUP = "elab-ctl-01", "elab-ctl-02"
@@ -84,7 +86,8 @@ def containers():
 
 def test_site_put_the_hook_on_every_slurm_machine(lab):
     # the lab's first Machines are born without it (capi_objects.py): site.yml put it
-    items = lab.list_namespaced_custom_object(G, V, NS, "machines")["items"]
+    # controllers and compute nodes; the accounting machine is not held (docs/accounting.md)
+    items = lab.list_namespaced_custom_object(G, V, NS, "machines", label_selector="node-type!=accounting")["items"]
     assert len(items) == 4 and all(HOOK in m["metadata"].get("annotations", {}) for m in items), items
 
 
@@ -251,6 +254,22 @@ def completed(jobs, timeout=300):
             raise AssertionError("%s\n%s" % (exc, "\n".join(why))) from None
         rec = job_record(job)
         assert rec["JobState"] == "COMPLETED" and rec["ExitCode"] == "0:0", (job, rec)
+        accounted(job)
+
+
+def sacct_record(job):
+    out = on(CTL, "sacct --noheader --parsable2 --allocations --jobs %s --format JobID,State,ExitCode" % job,
+             check=False).stdout.strip()
+    return out.splitlines()[0] if out else ""
+
+
+def accounted(job, state="COMPLETED", code="0:0", timeout=120):
+    """The job's final record in accounting (slurmdbd): "0 jobs lost" is a query."""
+    want = "%s|%s|%s" % (job, state, code)
+    try:
+        wait_for("job %s's final record in accounting" % job, lambda: sacct_record(job) == want, timeout, poll=2)
+    except AssertionError:
+        raise AssertionError("sacct says %r for job %s, expected %r" % (sacct_record(job), job, want)) from None
 
 
 def in_background(fn, *args):
@@ -658,9 +677,24 @@ def test_the_last_controller_keeps_its_hook(lab):
     completed([on(CTL, "sbatch --parsable --nodes=1 --wrap hostname").stdout.strip()])
 
 
+def test_every_job_of_the_lab_has_its_final_record_in_accounting(lab):
+    # through both controllers' lives: the primary was killed, then deleted; slurmdbd on elab-db-01 kept it all
+    out = on(CTL, "sacct --noheader --parsable2 --allocations --allusers --starttime 2000-01-01 "
+                  "--format JobID,State,ExitCode").stdout.strip().splitlines()
+    jobs = {line.split("|")[0]: line.split("|")[1:] for line in out}
+    assert len(jobs) >= 10, out
+    # every job the tests let finish completed with 0; the ones they cancelled or timed out say so
+    assert all(rec[0] in ("COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL") for rec in jobs.values()), out
+    assert on("elab-db-01", "systemctl is-active slurmdbd mariadb").stdout.split() == ["active", "active"]
+    assert "AccountingStorageHost=10.89.80.6" in on(CTL, "cat /etc/slurm/slurm.conf").stdout
+
+
 def test_no_secret_in_any_log(lab):
     import base64
     token = open(os.path.join(STATE, "capi", "token")).read().strip()
+    password = open(os.path.join(STATE, "capi", "slurmdbd.pw")).read().strip()
+    jwt_key = on("elab-db-01", "cat /etc/slurm/jwt_hs256.key").stdout.strip()
+    assert len(jwt_key) == 96 and on(CTL, "cat /etc/slurm/jwt_hs256.key").stdout.strip() == jwt_key
     key = on(CTL, "base64 -w0 /etc/munge/munge.key").stdout.strip()  # generated on the controller
     assert len(base64.b64decode(key)) == 1024
     logs = os.path.join(STATE, "logs")
@@ -668,3 +702,4 @@ def test_no_secret_in_any_log(lab):
         text = open(os.path.join(logs, name), errors="replace").read()
         assert token not in text, name
         assert key[:40] not in text, name
+        assert password not in text and jwt_key not in text, name

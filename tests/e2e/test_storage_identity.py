@@ -1,11 +1,17 @@
 """Shared storage and identity end to end in a lab of its own: nfs-ganesha on the controller
 (the kernel here has no NFS), the compute nodes' fstab and slurmd ordering, the export
 proven with libnfs tools from another machine; SSSD against the lab's slapd over ldaps://;
-an MPI job submitted as an LDAP user whose program and output live in the shared home."""
+an MPI job submitted as an LDAP user whose program and output live in the shared home;
+accounting (slurmdbd on MariaDB on the controller: every job's record through sacct, a
+backup that restores) and slurmrestd (a job submitted over REST with alice's token, a
+wrong token and none refused); bad accounting and REST input failing before any change."""
 
 import glob
+import json
 import os
 import re
+import subprocess
+import time
 
 import pytest
 
@@ -186,3 +192,141 @@ def test_bind_password_never_reaches_a_log(lab):
     assert "entry_cache_timeout = 601" in on(CN, "cat /etc/sssd/sssd.conf").stdout
     sh("ansible-playbook", "-i", inv, "playbooks/identity.yml")
     assert "entry_cache_timeout" not in on(CN, "cat /etc/sssd/sssd.conf").stdout
+
+
+# ------------------------------------------------------------------ accounting and REST
+REST_CALL = r"""
+import json, sys, urllib.error, urllib.request
+path, user, token, body = sys.argv[1], sys.argv[2], sys.stdin.read().strip(), sys.argv[3]
+headers = {"X-SLURM-USER-NAME": user, "Content-Type": "application/json"}
+if token:
+    headers["X-SLURM-USER-TOKEN"] = token
+req = urllib.request.Request("http://127.0.0.1:6820" + path, data=body.encode() if body else None, headers=headers)
+try:
+    with urllib.request.urlopen(req) as r:
+        status, text = r.status, r.read().decode()
+except urllib.error.HTTPError as e:
+    status, text = e.code, e.read().decode()
+print(json.dumps({"status": status, "body": text}))
+"""
+
+
+def token(user):
+    return on(CTL, "scontrol token username=%s lifespan=300" % user).stdout.strip().split("=", 1)[1]
+
+
+def rest(path, user, tok, body=None):
+    """Call slurmrestd on the controller; the token goes through stdin, never a command line."""
+    proc = subprocess.run(["podman", "exec", "-i", CTL, "python3", "-c", REST_CALL, path, user,
+                           json.dumps(body) if body else ""],
+                          input=tok or "", capture_output=True, text=True, env=LAB.env, check=True)
+    answer = json.loads(proc.stdout)
+    try:
+        answer["json"] = json.loads(answer["body"])
+    except ValueError:
+        answer["json"] = {}
+    return answer
+
+
+def sacct(job):
+    out = on(CTL, "sacct --noheader --parsable2 --allocations --jobs %s --format JobID,User,State,ExitCode" % job)
+    return out.stdout.strip()
+
+
+def test_a_job_submitted_over_rest_runs_as_alice_and_is_accounted(lab):
+    tok = token("alice")
+    ping = rest("/slurm/v0.0.38/ping", "alice", tok)
+    assert ping["status"] == 200 and ping["json"]["pings"][0]["ping"] == "UP", ping
+    sub = rest("/slurm/v0.0.38/job/submit", "alice", tok,
+               {"job": {"name": "rest-alice", "nodes": 1, "current_working_directory": "/tmp",
+                        "environment": {"PATH": "/bin:/usr/bin"}},
+                "script": "#!/bin/bash\nid -un\n"})
+    assert sub["status"] == 200 and sub["json"]["errors"] == [], sub
+    job = sub["json"]["job_id"]
+    deadline = time.time() + 120
+    while sacct(job) != "%s|alice|COMPLETED|0:0" % job:
+        assert time.time() < deadline, sacct(job)
+        time.sleep(1)
+    # the accounting side of the API sees it too
+    rec = rest("/slurmdb/v0.0.38/job/%s" % job, "alice", tok)
+    assert rec["status"] == 200 and [(j["job_id"], j["user"], j["state"]["current"]) for j in rec["json"]["jobs"]] \
+        == [(job, "alice", "COMPLETED")], rec
+
+
+def test_a_wrong_token_and_no_token_are_refused(lab):
+    good = token("alice")
+    forged = good[:-6] + ("AAAAAA" if not good.endswith("AAAAAA") else "BBBBBB")  # alice's token, signature broken
+    for tok in (forged, "eyJhbGciOiJIUzI1NiJ9.e30.x"):
+        answer = rest("/slurm/v0.0.38/jobs", "alice", tok)
+        # 22.05: slurmctld refuses the token, slurmrestd answers 500 with the error and no data
+        assert answer["status"] == 500 and answer["json"]["errors"] and not answer["json"].get("jobs"), answer
+    assert rest("/slurm/v0.0.38/jobs", "alice", None)["status"] == 401
+    # a token for bob does not act as alice
+    assert rest("/slurm/v0.0.38/jobs", "alice", token("bob"))["status"] == 500
+    assert "auth_p_verify" in on(CTL, "tail -n 50 /var/log/slurm/slurmctld.log").stdout
+
+
+def test_every_job_of_this_lab_has_a_final_record(lab):
+    out = on(CTL, "sacct --noheader --parsable2 --allocations --allusers --starttime 2000-01-01 "
+                  "--format JobID,User,State,ExitCode").stdout.strip().splitlines()
+    jobs = [line.split("|") for line in out]
+    assert len(jobs) >= 3, out  # validate.yml's, alice's MPI job, the REST job
+    assert all(rec[2:] == ["COMPLETED", "0:0"] for rec in jobs), out
+    assert {"alice", "root"} <= {rec[1] for rec in jobs}
+
+
+def test_accounting_backup_dumps_a_database_that_restores(lab, tmp_path):
+    res = LAB.playbook("accounting_backup.yml", "slurmdbd_backup_fetch_dir=%s" % tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:]
+    dumps = sorted(tmp_path.glob("slurm_acct_db-*.sql.gz"))
+    assert len(dumps) == 1 and dumps[0].stat().st_size > 1000
+    remote = "/var/backups/slurm-accounting/" + dumps[0].name
+    assert on(CTL, "stat -c '%a %U' /var/backups/slurm-accounting").stdout.strip() == "700 root"
+    # restore into a scratch database: the same jobs as the live one
+    on(CTL, "mariadb -e 'DROP DATABASE IF EXISTS restore_check; CREATE DATABASE restore_check' && "
+            "zcat %s | mariadb restore_check" % remote)
+    count = "mariadb -N -e 'SELECT COUNT(*) FROM %s.slab_job_table'"
+    live, restored = on(CTL, count % "slurm_acct_db").stdout.strip(), on(CTL, count % "restore_check").stdout.strip()
+    assert int(live) >= 3 and restored == live
+    on(CTL, "mariadb -e 'DROP DATABASE restore_check'")
+
+
+def test_bad_accounting_and_rest_input_fails_before_any_change(lab):
+    files = "/etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf /etc/systemd/system/slurmrestd.service.d/converged-hpc.conf"
+    before = on(CTL, "sha256sum " + files).stdout
+    cases = [
+        (["slurmdbd_storage_password=''"],
+         "accounting is on (converged_accounting) but slurmdbd_storage_password is empty"),
+        (["converged_accounting_node_type=login"],
+         "accounting is on (converged_accounting) but no host can run slurmdbd: node type login has no Machine"),
+        (['{"slurmrestd_listen": [":22"]}'],
+         "slurmrestd_listen: port(s) 22 on slab-ctl-01 already in use by sshd"),
+    ]
+    for extra, message in cases:
+        res = LAB.playbook("site.yml", *extra)
+        assert res.returncode != 0 and message in res.stdout, (extra, res.stdout[-2000:])
+        recap = [line for line in res.stdout.splitlines() if " : ok=" in line]
+        assert recap and all("changed=0" in line for line in recap), recap
+    assert on(CTL, "sha256sum " + files).stdout == before
+
+
+def test_database_password_and_jwt_key_never_reach_a_log(lab):
+    with open(os.path.join(LAB.state, "capi", "slurmdbd.pw")) as f:
+        password = f.read().strip()
+    key = on(CTL, "cat /etc/slurm/jwt_hs256.key").stdout.strip()
+    assert len(password) >= 20 and len(key) == 96
+    assert on(CTL, "stat -c '%a %U' /etc/slurm/jwt_hs256.key /etc/slurm/slurmdbd.conf").stdout.split("\n")[:2] == \
+        ["600 slurm", "600 slurm"]
+    assert password in on(CTL, "cat /etc/slurm/slurmdbd.conf").stdout  # the test looks for the real thing
+    for path in glob.glob(os.path.join(LAB.state, "logs", "*.log")):
+        with open(path, errors="replace") as f:
+            text = f.read()
+        assert password not in text and key not in text, path
+    # a verbose run with --diff that changes slurmdbd.conf shows neither
+    inv = os.path.join(LAB.state, "capi.capi_machines.yml")
+    changed = sh("ansible-playbook", "-v", "--diff", "-i", inv, "playbooks/site.yml",
+                 "-e", '{"slurmdbd_extra_config": {"DebugLevel": "verbose"}}')
+    assert "DebugLevel=verbose" in on(CTL, "cat /etc/slurm/slurmdbd.conf").stdout
+    assert password not in changed.stdout + changed.stderr and key not in changed.stdout + changed.stderr
+    sh("ansible-playbook", "-i", inv, "playbooks/site.yml")
+    assert "DebugLevel" not in on(CTL, "cat /etc/slurm/slurmdbd.conf").stdout

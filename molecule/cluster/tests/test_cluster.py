@@ -87,3 +87,51 @@ def test_mpi_hello_world_on_both_nodes_with_pmi2(host):
     lines = sorted(out.splitlines())
     assert lines == ["rank %d of 2 on %s" % (i, n) for i, n in enumerate(NODES)] or \
         sorted(line.split()[-1] for line in lines) == NODES
+
+
+JWT_KEY = "/etc/slurm/jwt_hs256.key"
+
+
+def test_accounting_and_rest_daemons_files_and_modes(host):
+    name = host.backend.get_hostname()
+    if name != CTL:
+        # tokens are checked by slurmctld and slurmdbd only: the key is nowhere else
+        assert not host.file(JWT_KEY).exists
+        return
+    for unit in ("mariadb", "slurmdbd", "slurmrestd"):
+        assert host.service(unit).is_running and host.service(unit).is_enabled, unit
+    for path in ("/etc/slurm/slurmdbd.conf", JWT_KEY):
+        f = host.file(path)
+        assert (f.user, f.group, f.mode) == ("slurm", "slurm", 0o600), path
+    # the key came from slurm_common_jwt_key, byte for byte
+    assert len(host.file(JWT_KEY).content_string) == 64
+    conf = host.file("/etc/slurm/slurm.conf").content_string
+    for line in ("AccountingStorageType=accounting_storage/slurmdbd", "AccountingStoragePort=6819",
+                 "AuthAltTypes=auth/jwt", "AuthAltParameters=jwt_key=" + JWT_KEY):
+        assert line in conf, line
+    # the database only on loopback; slurmdbd and slurmrestd on their ports
+    assert host.socket("tcp://127.0.0.1:3306").is_listening and not host.socket("tcp://0.0.0.0:3306").is_listening
+    assert host.socket("tcp://0.0.0.0:6819").is_listening and host.socket("tcp://0.0.0.0:6820").is_listening
+    # slurmrestd never as root or SlurmUser
+    pid = host.check_output("systemctl show -p MainPID --value slurmrestd")
+    assert host.check_output("ps -o user= -p %s", pid).strip() == "slurmrestd"
+    assert "molecule" in host.check_output("sacctmgr --noheader --parsable2 list cluster format=Cluster").split()
+
+
+def test_a_finished_job_is_in_accounting_and_in_the_rest_api(host):
+    if host.backend.get_hostname() != CTL:
+        pytest.skip("asked on the controller")
+    job = host.check_output("sbatch --parsable --wait --nodes=2 --wrap 'srun true'").strip()
+    record, tries = "", 30
+    while tries and not record.startswith("%s|COMPLETED" % job):  # slurmctld sends it soon after the job ends
+        record = host.check_output("sacct --noheader --parsable2 --allocations --jobs %s --format JobID,State,ExitCode", job)
+        tries -= 1
+        host.run("sleep 1")
+    assert record.split("\n")[0] == "%s|COMPLETED|0:0" % job
+    token = host.check_output("scontrol token username=root lifespan=60").split("=", 1)[1]
+    probe = ("python3 -c 'import json,sys,urllib.request as u;"
+             "r=u.urlopen(u.Request(\"http://127.0.0.1:6820/slurmdb/v0.0.38/job/%s\","
+             "headers={\"X-SLURM-USER-NAME\":\"root\",\"X-SLURM-USER-TOKEN\":sys.argv[1]}));"
+             "print(json.dumps([(j[\"job_id\"], j[\"state\"][\"current\"]) for j in json.load(r)[\"jobs\"]]))' %s")
+    answer = host.check_output(probe % (job, token))
+    assert answer == '[[%s, "COMPLETED"]]' % job

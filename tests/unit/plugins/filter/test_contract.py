@@ -131,3 +131,52 @@ def test_nodesets_and_partitions_come_from_the_node_types():
     assert [(n["name"], n["feature"]) for n in nodesets(types)] == [("computeset", "compute"), ("gpuset", "gpu")]
     parts = partitions_with_nodes(types, PARTITIONS + [{"name": "gpu"}])
     assert [(p["name"], p["nodesets"]) for p in parts] == [("compute", ["computeset", "gpuset"]), ("gpu", ["gpuset"])]
+
+
+# ------------------------------------------------------------------ accounting: where slurmdbd runs
+WITH_DB = dict(NODE_TYPES, accounting={"role": "accounting"})
+
+
+def run_db(hostvars, **kw):
+    return contract(hostvars, {"all": list(hostvars)}, WITH_DB, PARTITIONS, **kw)
+
+
+def test_accounting_off_chooses_no_slurmdbd_host():
+    res = run_db({"ctl-1": capi("controller"), "db-1": capi("accounting")})
+    assert res["errors"] == [] and res["slurmdbd"] == ""
+    assert all("converged_slurmdbd" not in h["groups"] for h in res["hosts"])
+
+
+def test_slurmdbd_on_the_accounting_host_when_there_is_one():
+    res = run_db({"ctl-2": capi("controller"), "ctl-1": capi("controller"), "db-2": capi("accounting"),
+                  "db-1": capi("accounting")}, accounting=True)
+    assert res["errors"] == [] and res["slurmdbd"] == "db-1"
+    hosts = by_name(res)
+    assert hosts["db-1"]["groups"] == ["converged_accounting", "converged_slurm", "converged_slurmdbd"]
+    assert "converged_slurmdbd" not in hosts["db-2"]["groups"] + hosts["ctl-1"]["groups"]
+
+
+def test_slurmdbd_on_the_first_controller_without_an_accounting_host():
+    res = run_db({"ctl-2": capi("controller"), "ctl-1": capi("controller"), "cn": capi("compute")}, accounting=True)
+    assert res["errors"] == [] and res["slurmdbd"] == "ctl-1"
+    # a leaving controller is never chosen
+    res = run_db({"ctl-1": capi("controller", deleting=True), "ctl-2": capi("controller")}, accounting=True)
+    assert res["slurmdbd"] == "ctl-2"
+
+
+def test_slurmdbd_node_type_named_by_the_administrator():
+    res = run_db({"ctl-1": capi("controller"), "db-1": capi("accounting")}, accounting=True,
+                 accounting_node_type="controller")
+    assert res["slurmdbd"] == "ctl-1"
+
+
+def test_accounting_with_no_host_to_run_slurmdbd_is_an_error_naming_the_node_type():
+    res = run_db({"ctl-1": capi("controller")}, accounting=True, accounting_node_type="accounting")
+    assert res["slurmdbd"] == ""
+    assert res["errors"] == ["accounting is on (converged_accounting) but no host can run slurmdbd: node type "
+                             "accounting has no Machine that is not being deleted"]
+    res = run_db({"ctl-1": capi("controller")}, accounting=True, accounting_node_type="database")
+    assert res["errors"] == ["converged_accounting_node_type 'database' is not a node type of the contract "
+                             "(accounting, compute, controller, login)"]
+    res = run_db({"db-1": capi("accounting", deleting=True), "cn": capi("compute")}, accounting=True)
+    assert "node type controller has no Machine" in res["errors"][-1]
