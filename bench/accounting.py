@@ -63,7 +63,7 @@ def main():
     print("  second converge  %6.1f s (0 changed)" % second)
 
     delays = []
-    for _ in range(args.jobs):
+    while len(delays) < args.jobs:
         job = LAB.on(CTL, "sbatch --parsable --wait --wrap true").stdout.strip()
         ended = time.time()
         while not LAB.on(CTL, "sacct -nPX -j %s -o State" % job).stdout.strip().startswith("COMPLETED"):
