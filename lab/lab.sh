@@ -466,7 +466,9 @@ cmd_converge() {
   t0=$(date +%s%N)
   say "converging the cluster: ansible-playbook -i ${inv#"$REPO_DIR"/} playbooks/site.yml"
   local rc=0
-  # Progress: one line per play and task as they run; the full log goes to a file.
+  # Progress: one line per play and task as they run; the full log goes to a file, made
+  # before the run starts (the loop below may read it before the background job opens it).
+  mkdir -p "$STATE/logs"; : >"$STATE/logs/site.log"
   ansible-playbook -i "$inv" "$REPO_DIR/playbooks/site.yml" >"$STATE/logs/site.log" 2>&1 &
   local pid=$! shown=0
   while kill -0 "$pid" 2>/dev/null || [[ $shown -lt $(wc -l <"$STATE/logs/site.log") ]]; do

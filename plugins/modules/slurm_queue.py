@@ -19,8 +19,8 @@ description:
     CPUs, memory per node, features, generic resources (GRES, as C(gpu:a100:2)) - and why it pends. Only a job pending for a reason more nodes could
     remove (C(runnable) in RV(jobs)) counts as demand - C(Resources), C(Priority), C(PartitionConfig) (a
     partition whose nodeset is empty), C(PartitionNodeLimit), C(NodeDown), C(ReqNodeNotAvail) and
-    C(None) (not yet looked at by the scheduler). Held jobs, dependencies, begin times, reservations
-    and association or QOS limits never do.
+    C(None) (not yet looked at by the scheduler). Held jobs, dependencies (also the ones of a job the
+    scheduler has not looked at yet), begin times, reservations and association or QOS limits never do.
   - Every node (C(scontrol show node --oneliner)) with its state, features, partitions and, for an idle
     node, for how long it has been idle (from Slurm's C(LastBusyTime), else C(SlurmdStartTime)).
   - The partitions Slurm knows (C(scontrol show partition)).
@@ -87,7 +87,9 @@ BUSY = frozenset(("ALLOCATED", "MIXED", "COMPLETING"))
 # flags that take a node out of service
 UNAVAILABLE = frozenset(("DRAIN", "DRAINING", "DRAINED", "NOT_RESPONDING", "FAIL", "MAINTENANCE", "REBOOT_REQUESTED",
                          "REBOOT_ISSUED", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "RESERVED"))
-SQUEUE_FORMAT = "%i;%P;%D;%C;%m;%r;%b;%f"
+# %E: the job's remaining dependencies - a job just submitted with one pends for None until
+# the scheduler first looks at it; it must not count as demand meanwhile
+SQUEUE_FORMAT = "%i;%P;%D;%C;%m;%r;%b;%E;%f"
 
 
 def parse_gres(text):
@@ -110,16 +112,18 @@ def parse_jobs(text):
     for line in text.splitlines():
         if not line.strip():
             continue
-        fields = line.split(";", 7)
-        if len(fields) != 8:
+        fields = line.split(";", 8)
+        if len(fields) != 9:
             raise ValueError("unexpected squeue line %r" % line)
-        job_id, partitions, nodes, cpus, memory, reason, gres, features = [f.strip() for f in fields]
+        job_id, partitions, nodes, cpus, memory, reason, gres, dependency, features = [f.strip() for f in fields]
+        waits_for_jobs = dependency not in ("(null)", "")
         reason_key = reason.split(",")[0]
         jobs.append({"id": job_id, "partitions": [p for p in partitions.split(",") if p],
                      "nodes": int(nodes) if nodes.isdigit() else 1, "cpus": int(cpus) if cpus.isdigit() else 1,
                      "memory_mib": memory_mib(memory), "features": "" if features in ("(null)", "") else features,
                      "gres": parse_gres(gres),
-                     "reason": reason, "runnable": reason_key in RUNNABLE})
+                     "reason": "Dependency" if waits_for_jobs and reason_key == "None" else reason,
+                     "runnable": reason_key in RUNNABLE and not waits_for_jobs})
     return jobs
 
 

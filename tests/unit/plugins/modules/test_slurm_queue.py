@@ -9,14 +9,19 @@ from ansible_collections.converged.hpc.plugins.module_utils.slurm_text import me
 
 
 def test_pending_jobs_and_why():
-    text = ("12;compute;2;2;0;PartitionConfig;N/A;(null)\n"
-            "13_4;compute,gpu;1;8;4G;Resources;gres:gpu:a100:2;gpu&a100|h100\n"
-            "14;compute;1;1;2000M;JobHeldUser;N/A;(null)\n"
-            "15;compute;1;1;0;ReqNodeNotAvail,_UnavailableNodes:cn-01;N/A;(null)\n"
-            "16;compute;1;1;0;Dependency;N/A;(null)\n")
+    text = ("12;compute;2;2;0;PartitionConfig;N/A;(null);(null)\n"
+            "13_4;compute,gpu;1;8;4G;Resources;gres:gpu:a100:2;(null);gpu&a100|h100\n"
+            "14;compute;1;1;2000M;JobHeldUser;N/A;(null);(null)\n"
+            "15;compute;1;1;0;ReqNodeNotAvail,_UnavailableNodes:cn-01;N/A;(null);(null)\n"
+            "16;compute;1;1;0;Dependency;N/A;afterok:14(unfulfilled);(null)\n"
+            # just submitted: the scheduler has not looked at it, but it waits for job 14
+            "17;compute;1;1;0;None;N/A;afterok:14(unfulfilled);(null)\n"
+            "18;compute;1;1;0;None;N/A;(null);(null)\n")
     jobs = parse_jobs(text)
     assert [(j["id"], j["nodes"], j["runnable"]) for j in jobs] == [
-        ("12", 2, True), ("13_4", 1, True), ("14", 1, False), ("15", 1, True), ("16", 1, False)]
+        ("12", 2, True), ("13_4", 1, True), ("14", 1, False), ("15", 1, True), ("16", 1, False), ("17", 1, False),
+        ("18", 1, True)]
+    assert jobs[5]["reason"] == "Dependency"
     assert jobs[1]["partitions"] == ["compute", "gpu"] and jobs[1]["features"] == "gpu&a100|h100"
     assert jobs[1]["gres"] == ["gpu:a100:2"] and jobs[0]["gres"] == []
     assert jobs[1]["memory_mib"] == 4096 and jobs[2]["memory_mib"] == 2000 and jobs[0]["features"] == ""
