@@ -172,25 +172,39 @@ def test_identity_converge_is_idempotent(lab):
     assert len(recap) == 3 and all("changed=0" in line for line in recap), recap
 
 
+def assert_absent_from_logs(*secrets):
+    """None of the secrets in any of the lab's logs; the logs it read."""
+    logs = glob.glob(os.path.join(LAB.state, "logs", "*.log"))
+    for path in logs:
+        with open(path, errors="replace") as f:
+            text = f.read()
+        assert not [s for s in secrets if s in text], path
+    return logs
+
+
+def verbose_diff_run(playbook, extra):
+    """A verbose run with --diff of a playbook, with extra vars that change a file: its output."""
+    inv = os.path.join(LAB.state, "capi.capi_machines.yml")
+    return sh("ansible-playbook", "-v", "--diff", "-i", inv, "playbooks/" + playbook, "-e", extra)
+
+
+def converge_again(playbook):
+    sh("ansible-playbook", "-i", os.path.join(LAB.state, "capi.capi_machines.yml"), "playbooks/" + playbook)
+
+
 def test_bind_password_never_reaches_a_log(lab):
     with open(os.path.join(LAB.state, "directory", "bind.pw")) as f:
         secret = f.read().strip()
     with open(os.path.join(LAB.state, "directory", "admin.pw")) as f:
         admin = f.read().strip()
-    logs = glob.glob(os.path.join(LAB.state, "logs", "*.log"))
+    logs = assert_absent_from_logs(secret, admin)
     assert any(p.endswith("site.log") for p in logs) and any(p.endswith("directory.log") for p in logs)
-    for path in logs:
-        with open(path, errors="replace") as f:
-            text = f.read()
-        assert secret not in text and admin not in text, path
     # a run that changes sssd.conf, verbose and with --diff, shows no secret either
-    inv = os.path.join(LAB.state, "capi.capi_machines.yml")
-    changed = sh("ansible-playbook", "-v", "--diff", "-i", inv, "playbooks/identity.yml",
-                 "-e", '{"sssd_domain_extra_options": {"entry_cache_timeout": 601}}')
+    changed = verbose_diff_run("identity.yml", '{"sssd_domain_extra_options": {"entry_cache_timeout": 601}}')
     assert "changed=2" in changed.stdout  # sssd.conf and the restart, on each host
     assert secret not in changed.stdout + changed.stderr
     assert "entry_cache_timeout = 601" in on(CN, "cat /etc/sssd/sssd.conf").stdout
-    sh("ansible-playbook", "-i", inv, "playbooks/identity.yml")
+    converge_again("identity.yml")
     assert "entry_cache_timeout" not in on(CN, "cat /etc/sssd/sssd.conf").stdout
 
 
@@ -319,15 +333,10 @@ def test_database_password_and_jwt_key_never_reach_a_log(lab):
     assert on(CTL, "stat -c '%a %U' /etc/slurm/jwt_hs256.key /etc/slurm/slurmdbd.conf").stdout.split("\n")[:2] == \
         ["600 slurm", "600 slurm"]
     assert password in on(CTL, "cat /etc/slurm/slurmdbd.conf").stdout  # the test looks for the real thing
-    for path in glob.glob(os.path.join(LAB.state, "logs", "*.log")):
-        with open(path, errors="replace") as f:
-            text = f.read()
-        assert password not in text and key not in text, path
+    assert_absent_from_logs(password, key)
     # a verbose run with --diff that changes slurmdbd.conf shows neither
-    inv = os.path.join(LAB.state, "capi.capi_machines.yml")
-    changed = sh("ansible-playbook", "-v", "--diff", "-i", inv, "playbooks/site.yml",
-                 "-e", '{"slurmdbd_extra_config": {"DebugLevel": "verbose"}}')
+    changed = verbose_diff_run("site.yml", '{"slurmdbd_extra_config": {"DebugLevel": "verbose"}}')
     assert "DebugLevel=verbose" in on(CTL, "cat /etc/slurm/slurmdbd.conf").stdout
     assert password not in changed.stdout + changed.stderr and key not in changed.stdout + changed.stderr
-    sh("ansible-playbook", "-i", inv, "playbooks/site.yml")
+    converge_again("site.yml")
     assert "DebugLevel" not in on(CTL, "cat /etc/slurm/slurmdbd.conf").stdout
