@@ -22,8 +22,22 @@ import os
 
 import yaml
 
+from machines import GPU_GRES, ram_of
+
 NS = "metal3"
 HOOK = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/converged-hpc"
+GRES = "slurm.converged.hpc/gres"
+# the lab's compute-role node types (lab/group_vars.yml): their templates carry our hook
+COMPUTE_TYPES = ("compute", "gpu", "highmem")
+
+
+def template_annotations(node_type):
+    """What the MachineDeployment's template gives every new Machine: our hook on Slurm nodes,
+    the GRES annotation on GPU machines (Cluster API copies template annotations to Machines)."""
+    out = {HOOK: "converged-hpc"} if node_type in COMPUTE_TYPES else {}
+    if node_type == "gpu":
+        out[GRES] = GPU_GRES
+    return out
 
 
 def mac(name):
@@ -54,8 +68,7 @@ def objects(machines, cluster, cpus, ram_mib):
             "metadata": {"name": md, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
             "spec": {"clusterName": cluster, "replicas": len(members), "selector": {"matchLabels": selector},
                      "template": {"metadata": {"labels": template_labels,
-                                               "annotations": {HOOK: "converged-hpc"}
-                                               if node_type == "compute" else {}},
+                                               "annotations": template_annotations(node_type)},
                                   "spec": {"clusterName": cluster, "version": "v1.33.4",
                                            "bootstrap": {"dataSecretName": md},
                                            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
@@ -81,7 +94,8 @@ def machine_objects(cluster, md, ms, node_type, name, address, cpus, ram_mib):
               "cluster.x-k8s.io/set-name": ms, "node-type": node_type}
     provider_id = "metal3://%s/%s/%s" % (NS, name, machine)
     # born without our hook (as Machines made before the template carried it): site.yml puts it
-    annotations = {}
+    annotations = {GRES: GPU_GRES} if node_type == "gpu" else {}
+    ram_mib = ram_of(node_type, ram_mib)
     return [
         {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
          "metadata": {"name": machine, "namespace": NS, "labels": labels, "annotations": annotations,

@@ -77,8 +77,11 @@ validate_conf() {
     || die "LAB_FLAVOUR='$LAB_FLAVOUR' is not stock or prebaked"
   [[ "$LAB_CONTROLLERS" =~ ^[0-9]+$ && "$LAB_CONTROLLERS" -le 9 ]] \
     || die "LAB_CONTROLLERS='$LAB_CONTROLLERS' must be an integer 0-9"
-  [[ "$LAB_COMPUTE" =~ ^[0-9]+$ && "$LAB_COMPUTE" -le 200 ]] \
-    || die "LAB_COMPUTE='$LAB_COMPUTE' must be an integer 0-200"
+  [[ "$LAB_COMPUTE" =~ ^[0-9]+$ && "$LAB_COMPUTE" -le 179 ]] \
+    || die "LAB_COMPUTE='$LAB_COMPUTE' must be an integer 0-179"
+  [[ "$LAB_LOGIN" =~ ^[0-3]$ ]] || die "LAB_LOGIN='$LAB_LOGIN' must be an integer 0-3"
+  [[ "$LAB_GPU" =~ ^[0-9]+$ && "$LAB_GPU" -le 29 ]] || die "LAB_GPU='$LAB_GPU' must be an integer 0-29"
+  [[ "$LAB_HIGHMEM" =~ ^[0-9]+$ && "$LAB_HIGHMEM" -le 22 ]] || die "LAB_HIGHMEM='$LAB_HIGHMEM' must be an integer 0-22"
   [[ "$LAB_SUBNET_PREFIX" =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] \
     || die "LAB_SUBNET_PREFIX='$LAB_SUBNET_PREFIX' must look like 10.89.50"
   [[ "$LAB_NAME" =~ ^[a-z][a-z0-9-]{0,20}$ ]] \
@@ -212,6 +215,15 @@ wanted_machines() {
   if [[ "$LAB_ACCOUNTING_HOST" == 1 ]]; then
     printf '%s-db-01 %s.6 accounting\n' "$LAB_NAME" "$LAB_SUBNET_PREFIX"
   fi
+  for ((i = 1; i <= LAB_LOGIN; i++)); do
+    printf '%s-login-%02d %s.%d login\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((6 + i))
+  done
+  for ((i = 1; i <= LAB_GPU; i++)); do
+    printf '%s-gpu-%02d %s.%d gpu\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((200 + i))
+  done
+  for ((i = 1; i <= LAB_HIGHMEM; i++)); do
+    printf '%s-hm-%02d %s.%d highmem\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((230 + i))
+  done
 }
 
 ensure_key() {
@@ -254,7 +266,7 @@ write_state() {
     echo "    converged_lab_cpus: $LAB_CPUS"
     echo "    converged_lab_ram_mib: $LAB_RAM_MIB"
     echo "  children:"
-    for type in controller compute accounting; do
+    for type in controller compute accounting login gpu highmem; do
       echo "    $type:"
       if grep -q " $type\$" "$machines"; then
         echo "      hosts:"
@@ -339,7 +351,7 @@ cmd_sim() {
     --munge-key-file "$dir/munge.key" --slurmdbd-password-file "$dir/slurmdbd.pw")
   cmd_sim_stop quiet
   # The simulator's CAPI controller boots and removes lab machines with lab/machines.py.
-  export LAB_NAME LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_SUBNET_PREFIX LAB_CPUS LAB_RAM_MIB LAB_STATE \
+  export LAB_NAME LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_LOGIN LAB_GPU LAB_HIGHMEM LAB_SUBNET_PREFIX LAB_CPUS LAB_RAM_MIB LAB_STATE \
     LAB_MUNGE_KEY_SOURCE LAB_CLUSTERS LAB_HA \
     LAB_API_PORT="$API_PORT"
   PYTHONPATH="$LAB_DIR" nohup python3 -m capisim --bind 127.0.0.1 --port "$API_PORT" \

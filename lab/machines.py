@@ -23,8 +23,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE_REPO = "localhost/converged-hpc/debian12"
 LABEL = "converged.hpc.lab"
 SSH_USER = "admin"
-# Addresses and name prefixes by node type: controllers .11-.19, compute .21 and up.
-LAYOUT = {"controller": ("ctl", 10), "compute": ("cn", 20)}
+# Name prefixes and address ranges by node type (lab/lab.conf): controllers .11-.19,
+# compute .21-.200, GPU .201-.230, highmem .231-.253; login .7-.9.
+LAYOUT = {"controller": ("ctl", 10, 19), "compute": ("cn", 20, 200), "gpu": ("gpu", 200, 230),
+          "highmem": ("hm", 230, 253), "login": ("login", 6, 9)}
+# A lab GPU machine's fake GPUs: character devices (/dev/null's) named as the NVIDIA driver
+# names them, so that Slurm's GRES scheduling and binding run for real; its Machines declare
+# them with the GRES annotation (lab/capi_objects.py).
+LAB_GPUS = 2
+GPU_GRES = "gpu:lab:%d" % LAB_GPUS
+# A highmem machine declares this many times the lab's RAM.
+HIGHMEM_FACTOR = 2
+
+
+def ram_of(node_type, ram_mib):
+    return ram_mib * HIGHMEM_FACTOR if node_type == "highmem" else ram_mib
 
 
 class Lab:
@@ -64,8 +77,11 @@ class Lab:
         if node_type == "controller":  # keepalived's VRRP and VIP; nfs-ganesha; the shared volume
             return ["--cap-add", "NET_ADMIN", "--cap-add", "NET_RAW", "--cap-add", "DAC_READ_SEARCH",
                     "-v", "%s-shared:/srv/shared" % self.name]
-        if node_type == "compute":  # Slurm's cgroup plugins (production defaults) need it
+        if node_type in ("compute", "highmem"):  # Slurm's cgroup plugins (production defaults) need it
             return ["--privileged"]
+        if node_type == "gpu":  # and its fake GPUs
+            # (--device is ignored beside --privileged: a bind mount of /dev/null names each one)
+            return ["--privileged"] + [arg for i in range(LAB_GPUS) for arg in ("-v", "/dev/null:/dev/nvidia%d" % i)]
         if node_type == "directory":  # slapd restarts cleanly
             return ["--cap-add", "SYS_PTRACE"]
         return []
@@ -125,7 +141,7 @@ class Lab:
         """Boot a new machine for a Cluster API Machine: (hostname, address, cpus, ram_mib)."""
         if node_type not in LAYOUT:
             raise RuntimeError("machine-add: node type '%s' has no lab machines" % node_type)
-        prefix, base = LAYOUT[node_type]
+        prefix, base, last = LAYOUT[node_type]
         os.makedirs(self.state, exist_ok=True)
         with open(os.path.join(self.state, ".machines.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -144,7 +160,7 @@ class Lab:
                 return name in known or self.podman("container", "exists", name, check=False).returncode == 0
             while taken(index):
                 index += 1
-            if base + index >= 254:
+            if base + index > last:
                 raise RuntimeError("machine-add: the lab network has no address left for %s machines" % node_type)
             with open(counter, "w") as fh:
                 fh.write("%d\n" % (index + 1))
@@ -155,7 +171,7 @@ class Lab:
                 fh.write("%s %s %s\n" % (name, ip, node_type))
         self.ready(name, ip)
         self.say("%s booted for Machine %s" % (name, machine))
-        return name, ip, self.cpus, self.ram_mib
+        return name, ip, self.cpus, ram_of(node_type, self.ram_mib)
 
     def remove(self, name):
         with open(os.path.join(self.state, ".machines.lock"), "w") as lock:

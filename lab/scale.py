@@ -1,7 +1,8 @@
-"""Scale the lab's compute MachineDeployment like `kubectl scale`, then run the
-playbook AWX would run for the event, and report the timings.
+"""Scale the lab's compute MachineDeployment (or another node type's: --node-type gpu)
+like `kubectl scale`, then run the playbook AWX would run for the event, and report the
+timings.
 
-    lab/scale.py REPLICAS [--state .lab] [--cluster clab] [--no-playbook]
+    lab/scale.py REPLICAS [--state .lab] [--cluster clab] [--node-type compute] [--no-playbook]
 
 Up:   set replicas; wait until every new Machine is Provisioned; run scale_up.yml.
 Down: set replicas; wait until the Machines Cluster API picked are Deleting and
@@ -85,6 +86,7 @@ def main():
     ap.add_argument("replicas", type=int)
     ap.add_argument("--state", default=os.path.join(repo, os.environ.get("LAB_STATE", ".lab")))
     ap.add_argument("--cluster", default=os.environ.get("LAB_NAME", "clab"))
+    ap.add_argument("--node-type", default="compute", help="the node type whose MachineDeployment to scale")
     ap.add_argument("--no-playbook", action="store_true", help="only scale; do not run the playbook")
     ap.add_argument("--timeout", type=int, default=600)
     ap.add_argument("-e", "--extra-vars", action="append", default=[], help="passed to ansible-playbook")
@@ -93,7 +95,7 @@ def main():
         sys.exit("replicas=%d: must be 0 or more" % args.replicas)
     api = config.new_client_from_config(os.path.join(args.state, "capi", "kubeconfig"))
     co = client.CustomObjectsApi(api)
-    md = args.cluster + "-compute"
+    md = "%s-%s" % (args.cluster, args.node_type)
     t0 = time.time()
     before = machines(co, md)
     live = {n for n, m in before.items() if not m["metadata"].get("deletionTimestamp")}

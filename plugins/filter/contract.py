@@ -71,6 +71,12 @@ options:
       - Empty means a node type with role C(accounting) that has a host, else the controller node type.
     type: str
     default: ""
+  gres_annotation:
+    description:
+      - The Machine annotation that declares a compute host's generic resources, as Slurm writes them
+        (C(gpu:a100:4), C(gpu:2,nvme:1)); it wins over the node type's C(gres). The host's C(converged_slurm_gres).
+    type: str
+    default: slurm.converged.hpc/gres
 """
 
 EXAMPLES = r"""
@@ -83,7 +89,8 @@ RETURN = r"""
 _value:
   description: C(errors) (a list of sentences), C(hosts) (name, groups, vars of each Slurm host),
     C(nodesets) (name, feature, partitions), C(ignored) (hosts of node types the contract does not know),
-    C(slurmdbd) (the host that runs slurmdbd, empty when accounting is off).
+    C(slurmdbd) (the host that runs slurmdbd, empty when accounting is off), C(gres_types) (every GRES name
+    the node types and hosts declare, for GresTypes).
   type: dict
 """
 
@@ -98,10 +105,66 @@ SLURMDBD = "converged_slurmdbd"
 LEAVING = "converged_leaving"
 ALL = "converged_slurm"
 FEATURE_LABEL_PREFIX = "feature.slurm.converged.hpc/"
+GRES_ANNOTATION = "slurm.converged.hpc/gres"
+_GRES_ITEM = re.compile(r"^(?P<name>[a-z][a-z0-9_]*)(:(?P<type>[A-Za-z0-9_.-]+))?:(?P<count>[0-9]+)$")
 
 
 def _plain(value):
     return value if isinstance(value, dict) else {}
+
+
+def parse_gres(value):
+    """C(gpu:a100:2,nvme:1) as [{name, type, count}]; ValueError naming the part Slurm would not take."""
+    out = []
+    for item in str(value).split(","):
+        match = _GRES_ITEM.match(item.strip())
+        if not match or int(match.group("count")) < 1:
+            raise ValueError("%r is not a GRES of the form name[:type]:count (as gpu:a100:4), count at least 1"
+                             % item.strip())
+        name = match.group("name")
+        if any(g["name"] == name and g["type"] == (match.group("type") or "") for g in out):
+            raise ValueError("%s is declared twice" % item.strip())
+        out.append({"name": name, "type": match.group("type") or "", "count": int(match.group("count"))})
+    return out
+
+
+def gres_types(gres_strings):
+    """The GRES names (GresTypes) of every valid GRES string given, sorted; the invalid ones are skipped."""
+    names = set()
+    for value in gres_strings or ():
+        if value:
+            try:
+                names.update(g["name"] for g in parse_gres(value))
+            except ValueError:
+                continue
+    return sorted(names)
+
+
+def gres_conf(hostnames, hostvars, devices=None, autodetect=""):
+    """gres.conf lines for the compute hosts given: per GRES of a host, its device files when the name has a
+    device prefix in C(devices) (gpu -> /dev/nvidia: File=/dev/nvidia[0-3]), else its count; with
+    C(autodetect) (nvml) the devices are found by slurmd and only the line for it is written."""
+    lines = ["AutoDetect=%s" % autodetect] if autodetect else []
+    for name in sorted(set(hostnames or ())):
+        hv = hostvars[name]
+        value = hv.get("converged_slurm_gres") or ""
+        if not value:
+            continue
+        node = hv.get("converged_slurm_node_name") or name.split(".")[0]
+        for item in parse_gres(value):
+            line = "NodeName=%s Name=%s" % (node, item["name"])
+            if item["type"]:
+                line += " Type=%s" % item["type"]
+            prefix = (devices or {}).get(item["name"])
+            if prefix and not autodetect:
+                count = item["count"]
+                line += " File=%s%s" % (prefix, "0" if count == 1 else "[0-%d]" % (count - 1))
+            elif not prefix:
+                line += " Count=%d" % item["count"]
+            else:
+                continue
+            lines.append(line)
+    return lines
 
 
 def check_contract(node_types, partitions):
@@ -129,10 +192,15 @@ def check_contract(node_types, partitions):
         if not _SLURM_NAME.match(node_type):
             errors.append("node type %r is not a valid Slurm feature name" % node_type)
         if role != "compute":
-            if spec.get("nodeset") or spec.get("partitions"):
-                errors.append("node type %s (role %s) names a nodeset or partitions: only compute node types "
+            if spec.get("nodeset") or spec.get("partitions") or spec.get("gres"):
+                errors.append("node type %s (role %s) names a nodeset, partitions or gres: only compute node types "
                               "become Slurm nodes" % (node_type, role))
             continue
+        if spec.get("gres"):
+            try:
+                parse_gres(spec["gres"])
+            except ValueError as exc:
+                errors.append("node type %s: gres %s" % (node_type, exc))
         nodeset = spec.get("nodeset")
         parts = spec.get("partitions") or []
         if not nodeset:
@@ -200,7 +268,8 @@ def label_features(labels, prefix):
 
 
 def contract(hostvars, groups, node_types, partitions, cluster="", play_hosts=None, capi_var="capi",
-             feature_label_prefix=FEATURE_LABEL_PREFIX, accounting=False, accounting_node_type=""):
+             feature_label_prefix=FEATURE_LABEL_PREFIX, accounting=False, accounting_node_type="",
+             gres_annotation=GRES_ANNOTATION):
     """Apply the contract to every inventory host; see DOCUMENTATION."""
     if not isinstance(groups, dict):
         raise AnsibleFilterError("contract: groups must be a dict")
@@ -215,7 +284,9 @@ def contract(hostvars, groups, node_types, partitions, cluster="", play_hosts=No
                           "with --limit capi_cluster_<name> or -e converged_cluster=<name>"
                           % (len(clusters), ", ".join(clusters)))
     result = {"errors": errors, "hosts": [], "nodesets": nodesets(node_types), "ignored": [], "clusters": clusters,
-              "slurmdbd": ""}
+              "slurmdbd": "", "gres_types": []}
+    declared = [_plain(spec).get("gres") for spec in node_types.values()
+                if _plain(spec).get("role") == "compute"]
     names = {}
     for name in groups.get("all") or ():
         hv = hostvars[name]
@@ -246,9 +317,20 @@ def contract(hostvars, groups, node_types, partitions, cluster="", play_hosts=No
             host_vars["converged_slurm_nodeset"] = spec.get("nodeset")
             features = [node_type] + label_features(capi.get("labels"), feature_label_prefix)
             host_vars["converged_slurm_features"] = list(dict.fromkeys(features))
+            annotations = capi.get("annotations") if isinstance(capi.get("annotations"), dict) else {}
+            gres = str(annotations.get(gres_annotation) or spec.get("gres") or "").strip()
+            if gres:
+                try:
+                    parse_gres(gres)
+                    declared.append(gres)
+                except ValueError as exc:
+                    where = "annotation %s" % gres_annotation if annotations.get(gres_annotation) else "node type gres"
+                    errors.append("host %s: %s: %s" % (name, where, exc))
+            host_vars["converged_slurm_gres"] = gres
         result["hosts"].append({"name": name, "groups": host_groups, "vars": host_vars})
     if accounting:
         _choose_slurmdbd(result, node_types, accounting_node_type)
+    result["gres_types"] = gres_types(declared)
     return result
 
 
@@ -290,4 +372,5 @@ def partitions_with_nodes(node_types, partitions):
 class FilterModule(object):
     def filters(self):
         return {"contract": contract, "contract_nodesets": nodesets,
-                "contract_partitions": partitions_with_nodes}
+                "contract_partitions": partitions_with_nodes, "gres_parse": parse_gres,
+                "gres_types": gres_types, "gres_conf": gres_conf}

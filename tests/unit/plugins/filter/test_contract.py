@@ -7,7 +7,10 @@ import pytest
 from ansible_collections.converged.hpc.plugins.filter.contract import (
     check_contract,
     contract,
+    gres_conf,
+    gres_types,
     nodesets,
+    parse_gres,
     partitions_with_nodes,
 )
 
@@ -44,7 +47,7 @@ def test_capi_hosts_grouped_by_role_whatever_the_group_prefix():
     # the Slurm node name is the Metal3 host's hostname; the nodeset comes from the node type
     assert hosts["m-cn-1"]["vars"] == {"converged_node_type": "compute", "converged_role": "compute",
                                        "converged_slurm_node_name": "cn-1", "converged_slurm_nodeset": "computeset",
-                                       "converged_slurm_features": ["compute"]}
+                                       "converged_slurm_features": ["compute"], "converged_slurm_gres": ""}
 
 
 def test_features_are_the_node_type_then_feature_labels():
@@ -180,3 +183,69 @@ def test_accounting_with_no_host_to_run_slurmdbd_is_an_error_naming_the_node_typ
                              "(accounting, compute, controller, login)"]
     res = run_db({"db-1": capi("accounting", deleting=True), "cn": capi("compute")}, accounting=True)
     assert "node type controller has no Machine" in res["errors"][-1]
+
+
+def test_gres_from_the_annotation_wins_over_the_node_type():
+    node_types = dict(NODE_TYPES, gpu={"role": "compute", "nodeset": "gpuset", "partitions": ["compute"],
+                                       "gres": "gpu:2"})
+    annotated = capi("gpu")
+    annotated["capi"]["annotations"] = {"slurm.converged.hpc/gres": "gpu:a100:4,nvme:1"}
+    hv = {"g1": capi("gpu"), "g2": annotated, "cn": capi("compute"), "ctl": capi("controller")}
+    res = contract(hv, {"all": list(hv)}, node_types, PARTITIONS)
+    assert res["errors"] == []
+    hosts = by_name(res)
+    assert hosts["g1"]["vars"]["converged_slurm_gres"] == "gpu:2"
+    assert hosts["g2"]["vars"]["converged_slurm_gres"] == "gpu:a100:4,nvme:1"
+    assert hosts["cn"]["vars"]["converged_slurm_gres"] == ""
+    assert "converged_slurm_gres" not in hosts["ctl"]["vars"]
+    assert res["gres_types"] == ["gpu", "nvme"]
+
+
+def test_gres_types_come_from_node_types_even_without_hosts():
+    node_types = dict(NODE_TYPES, gpu={"role": "compute", "nodeset": "gpuset", "partitions": ["compute"],
+                                       "gres": "gpu:a100:4"})
+    res = contract({"ctl": capi("controller")}, {"all": ["ctl"]}, node_types, PARTITIONS)
+    assert res["errors"] == [] and res["gres_types"] == ["gpu"]
+
+
+@pytest.mark.parametrize("value, message", [
+    ("gpu", "'gpu' is not a GRES of the form name[:type]:count"),
+    ("gpu:a100:0", "'gpu:a100:0' is not a GRES"),
+    ("GPU:2", "'GPU:2' is not a GRES"),
+    ("gpu:a100:2,gpu:a100:1", "gpu:a100:1 is declared twice"),
+    ("gpu:a 100:2", "'gpu:a 100:2' is not a GRES"),
+])
+def test_bad_gres_named_with_its_host(value, message):
+    annotated = capi("compute")
+    annotated["capi"]["annotations"] = {"slurm.converged.hpc/gres": value}
+    res = run({"cn": annotated})
+    assert len(res["errors"]) == 1
+    assert res["errors"][0].startswith("host cn: annotation slurm.converged.hpc/gres: ") and message in res["errors"][0]
+
+
+def test_bad_gres_on_a_node_type_and_gres_outside_compute_fail():
+    node_types = dict(NODE_TYPES, gpu={"role": "compute", "nodeset": "gpuset", "partitions": ["compute"],
+                                       "gres": "gpu:x"}, login={"role": "login", "gres": "gpu:1"})
+    errors = check_contract(node_types, PARTITIONS)
+    assert any(e.startswith("node type gpu: gres 'gpu:x' is not a GRES") for e in errors)
+    assert any("node type login (role login) names a nodeset, partitions or gres" in e for e in errors)
+
+
+def test_parse_gres_and_types():
+    assert parse_gres("gpu:a100:4, nvme:1") == [
+        {"name": "gpu", "type": "a100", "count": 4}, {"name": "nvme", "type": "", "count": 1}]
+    assert gres_types(["gpu:2", "", None, "bad", "gpu:a100:1,mps:100"]) == ["gpu", "mps"]
+
+
+def test_gres_conf_lines_per_node_with_device_files_or_counts():
+    hv = {"m-gpu-1": {"converged_slurm_node_name": "gpu-1", "converged_slurm_gres": "gpu:a100:4,nvme:1"},
+          "m-gpu-2": {"converged_slurm_node_name": "gpu-2", "converged_slurm_gres": "gpu:1"},
+          "cn": {"converged_slurm_node_name": "cn", "converged_slurm_gres": ""}}
+    devices = {"gpu": "/dev/nvidia"}
+    assert gres_conf(["m-gpu-2", "cn", "m-gpu-1"], hv, devices) == [
+        "NodeName=gpu-1 Name=gpu Type=a100 File=/dev/nvidia[0-3]",
+        "NodeName=gpu-1 Name=nvme Count=1",
+        "NodeName=gpu-2 Name=gpu File=/dev/nvidia0"]
+    # slurmd finds the GPUs itself (NVML): only the other GRES are spelled out
+    assert gres_conf(["m-gpu-1"], hv, devices, autodetect="nvml") == [
+        "AutoDetect=nvml", "NodeName=gpu-1 Name=nvme Count=1"]

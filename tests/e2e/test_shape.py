@@ -1,0 +1,244 @@
+"""A real cluster's shape end to end, in a lab of its own: a login node that is a submit host
+(never a Slurm node), a GPU node whose Machine declares two fake GPUs with the GRES annotation,
+a highmem node, each compute kind fed by its own MachineDeployment into its own partition
+(compute, gpu, highmem); hardware as slurmd detects it with memory kept for the OS
+(MemSpecLimit); a GPU node added by scaling its MachineDeployment; bad declarations failing
+before any change."""
+
+import os
+import re
+import time
+
+import pytest
+
+from labkit import Lab, has_podman
+
+LAB = Lab("hlab", "10.89.88", 16488, ".lab/e2e-shape", LAB_COMPUTE="1", LAB_LOGIN="1", LAB_GPU="1",
+          LAB_HIGHMEM="1", LAB_DIRECTORY="1")
+sh, on = LAB.sh, LAB.on
+CTL, CN, GPU, HM, LOGIN = "hlab-ctl-01", "hlab-cn-01", "hlab-gpu-01", "hlab-hm-01", "hlab-login-01"
+GRES_ANNOTATION = "slurm.converged.hpc/gres"
+
+pytestmark = pytest.mark.skipif(not has_podman(), reason="needs podman")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    LAB.up()
+    yield
+    LAB.down()
+
+
+def kube():
+    from kubernetes import client, config
+    return client.CustomObjectsApi(config.new_client_from_config(os.path.join(LAB.state, "capi", "kubeconfig")))
+
+
+def annotate_machine(name, value):
+    kube().patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machines", name,
+                                          {"metadata": {"annotations": {GRES_ANNOTATION: value}}})
+
+
+def job_state(job_id):
+    return on(CTL, "scontrol show job %s" % job_id).stdout
+
+
+def wait_gone_from_queue(job_id, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not on(CTL, "squeue -h -j %s -o %%T" % job_id, check=False).stdout.strip():
+            return
+        time.sleep(1)
+    raise AssertionError("job %s still queued after %d s" % (job_id, timeout))
+
+
+def test_each_node_type_feeds_its_own_partition(lab):
+    rows = on(CTL, "sinfo --noheader --format '%P %D %N %t'").stdout.split("\n")
+    assert [r.split() for r in rows if r.strip()] == [
+        ["compute*", "1", CN, "idle"], ["gpu", "1", GPU, "idle"], ["highmem", "1", HM, "idle"]]
+    conf = on(CTL, "cat /etc/slurm/slurm.conf").stdout
+    for line in ("NodeSet=computeset Feature=compute", "NodeSet=gpuset Feature=gpu",
+                 "NodeSet=highmemset Feature=highmem", "PartitionName=gpu Nodes=gpuset",
+                 "PartitionName=highmem Nodes=highmemset", "GresTypes=gpu"):
+        assert line in conf, line
+
+
+def test_validate_reports_partitions_gres_and_login_submit(lab):
+    log = open(os.path.join(LAB.state, "logs", "validate.log")).read()
+    assert "partitions: compute* (%s: srun hostname answered); gpu (%s: srun hostname answered); " \
+           "highmem (%s: srun hostname answered)" % (CN, GPU, HM) in log
+    assert "GRES: %s gpu:lab:2 (job saw GPUs 0,1)" % GPU in log
+    assert re.search(r"login nodes: %s submitted job \d+ \(COMPLETED\)" % LOGIN, log)
+
+
+def test_a_gpu_job_is_bound_to_the_gpus_it_asked_for(lab):
+    # gres.conf comes from the Machine's annotation, served to the node by configless
+    assert on(CTL, "grep ^NodeName /etc/slurm/gres.conf").stdout.strip() == \
+        "NodeName=%s Name=gpu Type=lab File=/dev/nvidia[0-1]" % GPU
+    assert "Gres=gpu:lab:2" in on(CTL, "scontrol show node %s" % GPU).stdout
+    assert on(CTL, "srun -p gpu --gres=gpu:2 printenv CUDA_VISIBLE_DEVICES").stdout.strip() == "0,1"
+    assert on(CTL, "srun -p gpu --gres=gpu:1 printenv CUDA_VISIBLE_DEVICES").stdout.strip() == "0"
+    # a node without GPUs can never run it: refused at submission
+    res = on(CTL, "sbatch -p compute --gres=gpu:1 --wrap hostname", check=False)
+    assert res.returncode != 0 and "Requested node configuration is not available" in res.stderr
+    # while a job holds both GPUs the next one waits for them; two GPU nodes wait for the pool to grow
+    holder = on(CTL, "sbatch --parsable -p gpu --gres=gpu:2 --wrap 'sleep 60'").stdout.strip()
+    waiter = on(CTL, "sbatch --parsable -p gpu --gres=gpu:1 --wrap hostname").stdout.strip()
+    wide = on(CTL, "sbatch --parsable -p gpu -N 2 --gres=gpu:1 --wrap hostname").stdout.strip()
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            reasons = on(CTL, "squeue -h -j %s,%s,%s -o '%%i %%T %%r'" % (holder, waiter, wide)).stdout
+            if "%s RUNNING" % holder in reasons and "%s PENDING Resources" % waiter in reasons \
+                    and "%s PENDING PartitionNodeLimit" % wide in reasons:
+                break
+            time.sleep(1)
+        assert "%s PENDING Resources" % waiter in reasons and "%s PENDING PartitionNodeLimit" % wide in reasons, reasons
+    finally:
+        on(CTL, "scancel %s %s %s" % (holder, waiter, wide), check=False)
+
+
+def test_highmem_jobs_land_on_the_highmem_node_and_memory_is_kept_for_the_os(lab):
+    job = on(CTL, "sbatch --parsable --wait -p highmem --mem=3000 --output=/dev/null --wrap hostname").stdout.strip()
+    assert "NodeList=%s" % HM in job_state(job) and "JobState=COMPLETED" in job_state(job)
+    # compute nodes have 2000 MiB and keep 256: 3000 fits only highmem
+    res = on(CTL, "sbatch -p compute --mem=3000 --wrap hostname", check=False)
+    assert res.returncode != 0 and "Memory specification can not be satisfied" in res.stderr
+    # highmem declares 4000 MiB, 256 kept for the OS (MemSpecLimit): 3800 cannot be had
+    node = on(CTL, "scontrol show node %s" % HM).stdout
+    assert "RealMemory=4000" in node and "MemSpecLimit=256" in node
+    res = on(CTL, "sbatch -p highmem --mem=3800 --wrap hostname", check=False)
+    assert res.returncode != 0
+
+
+def test_sockets_cores_and_threads_are_what_slurmd_detects(lab):
+    for node in (CN, GPU, HM):
+        detected = on(node, "slurmd -C").stdout
+        want = {k: re.search(r"\b%s=(\d+)" % k, detected).group(1)
+                for k in ("CPUs", "CoresPerSocket", "ThreadsPerCore")}
+        want["Sockets"] = re.search(r"\bSocketsPerBoard=(\d+)", detected).group(1)
+        record = on(CTL, "scontrol show node %s" % node).stdout
+        for key, value in (("CPUTot", want["CPUs"]), ("Sockets", want["Sockets"]),
+                           ("CoresPerSocket", want["CoresPerSocket"]), ("ThreadsPerCore", want["ThreadsPerCore"])):
+            assert re.search(r"\b%s=%s\b" % (key, value), record), (node, key, value, record)
+        # nothing declared that would override the detection
+        options = on(node, "cat /etc/default/slurmd").stdout
+        assert "Sockets=" not in options and "CoresPerSocket=" not in options and "CPUs=" not in options
+
+
+MPI_HELLO = r"""#include <mpi.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int rank, size; char host[256];
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    gethostname(host, sizeof host);
+    printf("rank %d of %d on %s\n", rank, size, host);
+    MPI_Finalize();
+    return 0;
+}
+"""
+
+# The test bed's kernel cannot mount NFS: the program and the output travel through alice's
+# home on the NFS server with libnfs, as her own uid; in production ~ is the NFS mount.
+JOB = """#!/bin/bash
+#SBATCH --partition=compute --nodes=1 --ntasks=2 --chdir=/tmp --output=/tmp/login-mpi-%j.log
+set -euo pipefail
+home=nfs://hlab-ctl-01/srv/shared/home/alice
+work=/tmp/login-mpi-$SLURM_JOB_ID
+mkdir -p "$work"
+nfs-cp "$home/mpi-hello" "$work/mpi-hello"
+chmod 0755 "$work/mpi-hello"
+srun --mpi=pmi2 "$work/mpi-hello" > "$work/result.txt"
+echo "job $SLURM_JOB_ID by $(id -un)" >> "$work/result.txt"
+nfs-cp "$work/result.txt" "$home/login-mpi-$SLURM_JOB_ID.out"
+"""
+
+
+def test_login_node_is_a_submit_host_and_never_a_slurm_node(lab):
+    assert on(LOGIN, "systemctl is-active slurmd", check=False).stdout.strip() != "active"
+    # one image for every node may carry slurmd: never enabled here
+    assert on(LOGIN, "systemctl is-enabled slurmd", check=False).stdout.strip() in ("disabled", "")
+    assert LOGIN not in on(CTL, "sinfo --noheader --Node --format %N").stdout
+    # the controller's own slurm.conf: every SlurmctldHost, the cluster name, auth
+    assert on(LOGIN, "sha256sum < /etc/slurm/slurm.conf").stdout == on(CTL, "sha256sum < /etc/slurm/slurm.conf").stdout
+    assert on(LOGIN, "systemctl is-active munge").stdout.strip() == "active"
+
+
+def test_ldap_user_compiles_submits_watches_and_reads_from_the_login_node(lab):
+    home = "nfs://%s/srv/shared/home/alice" % CTL
+    on(LOGIN, "cat > /tmp/mpi-hello.c <<'EOF'\n%sEOF\ncat > /tmp/login-mpi.sh <<'EOF'\n%sEOF\n"
+              "chmod 0644 /tmp/mpi-hello.c /tmp/login-mpi.sh" % (MPI_HELLO, JOB))
+    # alice, from the directory, compiles with MPICH's wrapper on the login node into her home
+    on(LOGIN, "cd /tmp && runuser -u alice -- mpicc -o /tmp/mpi-hello-alice /tmp/mpi-hello.c")
+    on(LOGIN, "cd /tmp && runuser -u alice -- nfs-cp /tmp/mpi-hello-alice %s/mpi-hello" % home)
+    job_id = on(LOGIN, "cd /tmp && runuser -u alice -- sbatch --parsable /tmp/login-mpi.sh").stdout.strip()
+    assert re.fullmatch(r"\d+", job_id)
+    # squeue from the login node sees her job (or it has already finished and left the queue)
+    seen = on(LOGIN, "runuser -u alice -- squeue -h -u alice -o '%i %u %P'").stdout
+    finished = "JobState=COMPLETED" in job_state(job_id)
+    assert "%s alice compute" % job_id in seen or finished, seen
+    wait_gone_from_queue(job_id)
+    record = job_state(job_id)
+    assert "UserId=alice(5001)" in record and "JobState=COMPLETED" in record and "ExitCode=0:0" in record
+    out = on(LOGIN, "cd /tmp && runuser -u alice -- nfs-cat %s/login-mpi-%s.out" % (home, job_id)).stdout
+    lines = out.strip().splitlines()
+    assert sorted(line.split(" on ")[0] for line in lines[:-1]) == ["rank 0 of 2", "rank 1 of 2"], lines
+    assert all(line.endswith(" on %s" % CN) for line in lines[:-1]) and lines[-1] == "job %s by alice" % job_id
+
+
+def test_a_bad_gres_declaration_fails_before_any_change(lab):
+    before = {m: on(m, "sha256sum /etc/slurm/gres.conf /etc/default/slurmd 2>/dev/null", check=False).stdout
+              for m in (CTL, GPU)}
+    try:
+        # not a GRES Slurm would take: the contract names the host and the annotation
+        annotate_machine(GPU, "gpu:two")
+        res = LAB.playbook("site.yml")
+        assert res.returncode != 0
+        assert "host %s: annotation %s: 'gpu:two' is not a GRES" % (GPU, GRES_ANNOTATION) in res.stdout
+        # more GPUs than the machine has device files for: the node's preflight names the missing one
+        annotate_machine(GPU, "gpu:lab:3")
+        res = LAB.playbook("site.yml")
+        assert res.returncode != 0
+        assert "%s declares GRES gpu:lab:3 but has no /dev/nvidia2" % GPU in res.stdout
+        assert not re.search(r"changed=[1-9]", res.stdout), res.stdout[-3000:]
+    finally:
+        annotate_machine(GPU, "gpu:lab:2")
+    assert {m: on(m, "sha256sum /etc/slurm/gres.conf /etc/default/slurmd 2>/dev/null", check=False).stdout
+            for m in (CTL, GPU)} == before
+
+
+def test_a_node_type_without_a_partition_fails_before_any_change(lab):
+    before = on(CTL, "sha256sum /etc/slurm/slurm.conf").stdout
+    res = LAB.playbook("site.yml", '{"converged_node_types": {"controller": {"role": "controller"}, '
+                                   '"compute": {"role": "compute", "nodeset": "computeset", "partitions": ["compute"]}, '
+                                   '"gpu": {"role": "compute", "nodeset": "gpuset"}, '
+                                   '"highmem": {"role": "compute", "nodeset": "highmemset", "partitions": ["highmem"]}, '
+                                   '"login": {"role": "login"}, "accounting": {"role": "accounting"}}, '
+                                   '"converged_partitions": [{"name": "compute", "default": true}, {"name": "highmem"}]}')
+    assert res.returncode != 0
+    assert "node type gpu (role compute) is in no partition" in res.stdout
+    assert not re.search(r"changed=[1-9]", res.stdout)
+    assert on(CTL, "sha256sum /etc/slurm/slurm.conf").stdout == before
+
+
+def test_second_converge_changes_nothing(lab):
+    res = LAB.playbook("site.yml")
+    assert res.returncode == 0, res.stdout[-3000:]
+    recap = res.stdout[res.stdout.rindex("PLAY RECAP"):]
+    assert len(re.findall(r"changed=0 ", recap)) == 5 and not re.search(r"changed=[1-9]", recap), recap
+
+
+def test_a_gpu_node_added_by_its_machine_deployment_joins_with_its_gpus(lab):
+    res = sh("python3", "lab/scale.py", "2", "--node-type", "gpu", "--state", LAB.state, "--cluster", "hlab",
+             check=False, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    new = "hlab-gpu-02"
+    # its line reached gres.conf before it registered; the first GPU node kept its record and GPUs
+    assert "NodeName=%s Name=gpu Type=lab File=/dev/nvidia[0-1]" % new in on(CTL, "cat /etc/slurm/gres.conf").stdout
+    rows = on(CTL, "sinfo --noheader -p gpu --Node --format '%N %t %G'").stdout.split("\n")
+    assert sorted(r for r in rows if r.strip()) == ["%s idle gpu:lab:2" % GPU, "%s idle gpu:lab:2" % new]
+    assert on(CTL, "srun -p gpu -w %s --gres=gpu:2 printenv CUDA_VISIBLE_DEVICES" % new).stdout.strip() == "0,1"
+    assert on(CTL, "srun -p gpu -w %s --gres=gpu:2 printenv CUDA_VISIBLE_DEVICES" % GPU).stdout.strip() == "0,1"
