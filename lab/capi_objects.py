@@ -10,6 +10,10 @@ machine (the autoscaler grows it, docs/autoscale.md).
 
     lab/capi_objects.py MACHINES_TSV OUT_YAML --cluster lab --cpus 2 --ram-mib 2000
 
+With --pools highmem,... those node types' machines are in a MachinePool (<cluster>-<type>,
+its Machines labelled cluster.x-k8s.io/pool-name and owned by it) instead of a
+MachineDeployment, as with a provider that supports MachinePool Machines.
+
 With --clusters N > 1 the machines are dealt in turn into N Cluster API clusters
 named <cluster>-1 ... <cluster>-N (the first controller to the first cluster, the
 second to the second...), each with its own MachineDeployments.
@@ -50,7 +54,7 @@ def mac(name):
 ALWAYS = ("compute",)
 
 
-def objects(machines, cluster, cpus, ram_mib):
+def objects(machines, cluster, cpus, ram_mib, pools=()):
     docs = [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
              "metadata": {"name": cluster, "namespace": NS},
              "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
@@ -58,6 +62,9 @@ def objects(machines, cluster, cpus, ram_mib):
              "status": {"phase": "Provisioned"}}]
     types = sorted({m[2] for m in machines} | set(ALWAYS))
     for node_type in types:
+        if node_type in pools:
+            docs.extend(pool_objects(cluster, node_type, [m for m in machines if m[2] == node_type], cpus, ram_mib))
+            continue
         md = "%s-%s" % (cluster, node_type)
         ms = md + "-5d8c7"
         selector = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md}
@@ -88,10 +95,39 @@ def objects(machines, cluster, cpus, ram_mib):
     return docs
 
 
-def machine_objects(cluster, md, ms, node_type, name, address, cpus, ram_mib):
+POOL_LABEL = "cluster.x-k8s.io/pool-name"
+
+
+def pool_objects(cluster, node_type, members, cpus, ram_mib):
+    """A MachinePool and its Machines (MachinePool Machines: labelled and owned by the pool)."""
+    mp = "%s-%s" % (cluster, node_type)
+    docs = [{
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
+        "metadata": {"name": mp, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+        "spec": {"clusterName": cluster, "replicas": len(members),
+                 "template": {"metadata": {"labels": {"node-type": node_type},
+                                           "annotations": template_annotations(node_type)},
+                              "spec": {"clusterName": cluster, "version": "v1.33.4",
+                                       "bootstrap": {"dataSecretName": mp},
+                                       "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                                             "kind": "Metal3Machine", "name": mp}}}},
+        "status": {"replicas": len(members), "readyReplicas": len(members)}}]
+    for name, address, dummy in members:
+        docs.extend(machine_objects(cluster, mp, None, node_type, name, address, cpus, ram_mib, pool=True))
+    return docs
+
+
+def machine_objects(cluster, md, ms, node_type, name, address, cpus, ram_mib, pool=False):
     machine = name  # lab machines keep their container name as Machine and host name
-    labels = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md,
-              "cluster.x-k8s.io/set-name": ms, "node-type": node_type}
+    if pool:  # md is the MachinePool
+        labels = {"cluster.x-k8s.io/cluster-name": cluster, POOL_LABEL: md, "node-type": node_type}
+        owner = {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool", "name": md, "uid": "",
+                 "controller": True}
+    else:
+        labels = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md,
+                  "cluster.x-k8s.io/set-name": ms, "node-type": node_type}
+        owner = {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet", "name": ms, "uid": "",
+                 "controller": True}
     provider_id = "metal3://%s/%s/%s" % (NS, name, machine)
     # born without our hook (as Machines made before the template carried it): site.yml puts it
     annotations = {GRES: GPU_GRES} if node_type == "gpu" else {}
@@ -99,9 +135,7 @@ def machine_objects(cluster, md, ms, node_type, name, address, cpus, ram_mib):
     return [
         {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
          "metadata": {"name": machine, "namespace": NS, "labels": labels, "annotations": annotations,
-                      "finalizers": ["machine.cluster.x-k8s.io"],
-                      "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
-                                           "name": ms, "uid": "", "controller": True}]},
+                      "finalizers": ["machine.cluster.x-k8s.io"], "ownerReferences": [owner]},
          "spec": {"clusterName": cluster, "version": "v1.33.4", "providerID": provider_id,
                   "bootstrap": {"dataSecretName": machine},
                   "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Machine",
@@ -133,6 +167,7 @@ def main():
     ap.add_argument("--clusters", type=int, default=1, help="deal the machines into this many clusters")
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--ram-mib", type=int, default=2000)
+    ap.add_argument("--pools", default="", help="node types (comma separated) whose machines are in a MachinePool")
     ap.add_argument("--munge-key-file", help="also serve this munge key as Secret metal3/munge-key")
     ap.add_argument("--slurmdbd-password-file",
                     help="also serve this password as Secret metal3/slurmdbd (key password)")
@@ -140,7 +175,7 @@ def main():
     with open(args.machines) as fh:
         machines = [tuple(line.split()) for line in fh if line.strip()]
     if args.clusters == 1:
-        docs = objects(machines, args.cluster, args.cpus, args.ram_mib)
+        docs = objects(machines, args.cluster, args.cpus, args.ram_mib, [p for p in args.pools.split(",") if p])
     else:
         docs = []
         for index in range(args.clusters):

@@ -81,6 +81,8 @@ validate_conf() {
     || die "LAB_COMPUTE='$LAB_COMPUTE' must be an integer 0-179"
   [[ "$LAB_LOGIN" =~ ^[0-3]$ ]] || die "LAB_LOGIN='$LAB_LOGIN' must be an integer 0-3"
   [[ "$LAB_GPU" =~ ^[0-9]+$ && "$LAB_GPU" -le 29 ]] || die "LAB_GPU='$LAB_GPU' must be an integer 0-29"
+  [[ -z "$LAB_POOLS" || "$LAB_POOLS" =~ ^[a-z][a-z0-9-]*(,[a-z][a-z0-9-]*)*$ ]] \
+    || die "LAB_POOLS='$LAB_POOLS' must be node types separated by commas (e.g. highmem)"
   [[ "$LAB_HIGHMEM" =~ ^[0-9]+$ && "$LAB_HIGHMEM" -le 22 ]] || die "LAB_HIGHMEM='$LAB_HIGHMEM' must be an integer 0-22"
   [[ "$LAB_SUBNET_PREFIX" =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] \
     || die "LAB_SUBNET_PREFIX='$LAB_SUBNET_PREFIX' must look like 10.89.50"
@@ -347,7 +349,7 @@ cmd_sim() {
   # So does the accounting database's password (Secret metal3/slurmdbd, key password).
   [[ -f "$dir/slurmdbd.pw" ]] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$dir/slurmdbd.pw")
   (umask 077; python3 "$LAB_DIR/capi_objects.py" "$STATE/machines.tsv" "$dir/objects.yaml" \
-    --cluster "$LAB_NAME" --clusters "$LAB_CLUSTERS" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB" \
+    --cluster "$LAB_NAME" --clusters "$LAB_CLUSTERS" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB" --pools "$LAB_POOLS" \
     --munge-key-file "$dir/munge.key" --slurmdbd-password-file "$dir/slurmdbd.pw")
   cmd_sim_stop quiet
   # The simulator's CAPI controller boots and removes lab machines with lab/machines.py.

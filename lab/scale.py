@@ -2,7 +2,9 @@
 like `kubectl scale`, then run the playbook AWX would run for the event, and report the
 timings.
 
-    lab/scale.py REPLICAS [--state .lab] [--cluster clab] [--node-type compute] [--no-playbook]
+    lab/scale.py REPLICAS [--state .lab] [--cluster clab] [--node-type compute] [--pool] [--no-playbook]
+
+--pool scales the node type's MachinePool (LAB_POOLS) instead of its MachineDeployment.
 
 Up:   set replicas; wait until every new Machine is Provisioned; run scale_up.yml.
 Down: set replicas; wait until the Machines Cluster API picked are Deleting and
@@ -29,9 +31,12 @@ def log(t0, msg):
     print("[lab-scale %6.1fs] %s" % (time.time() - t0, msg), flush=True)
 
 
-def machines(co, md):
+OWNER_LABEL = {"machinedeployments": "cluster.x-k8s.io/deployment-name", "machinepools": "cluster.x-k8s.io/pool-name"}
+
+
+def machines(co, md, plural="machinedeployments"):
     items = co.list_namespaced_custom_object(G, V, NS, "machines",
-                                             label_selector="cluster.x-k8s.io/deployment-name=" + md)["items"]
+                                             label_selector=OWNER_LABEL[plural] + "=" + md)["items"]
     return {m["metadata"]["name"]: m for m in items}
 
 
@@ -87,6 +92,7 @@ def main():
     ap.add_argument("--state", default=os.path.join(repo, os.environ.get("LAB_STATE", ".lab")))
     ap.add_argument("--cluster", default=os.environ.get("LAB_NAME", "clab"))
     ap.add_argument("--node-type", default="compute", help="the node type whose MachineDeployment to scale")
+    ap.add_argument("--pool", action="store_true", help="scale the node type's MachinePool")
     ap.add_argument("--no-playbook", action="store_true", help="only scale; do not run the playbook")
     ap.add_argument("--timeout", type=int, default=600)
     ap.add_argument("-e", "--extra-vars", action="append", default=[], help="passed to ansible-playbook")
@@ -95,17 +101,19 @@ def main():
         sys.exit("replicas=%d: must be 0 or more" % args.replicas)
     api = config.new_client_from_config(os.path.join(args.state, "capi", "kubeconfig"))
     co = client.CustomObjectsApi(api)
+    plural = "machinepools" if args.pool else "machinedeployments"
     md = "%s-%s" % (args.cluster, args.node_type)
     t0 = time.time()
-    before = machines(co, md)
+    before = machines(co, md, plural)
     live = {n for n, m in before.items() if not m["metadata"].get("deletionTimestamp")}
-    current = co.get_namespaced_custom_object_scale(G, V, NS, "machinedeployments", md)["spec"]["replicas"]
-    log(t0, "MachineDeployment %s/%s: %d -> %d replicas" % (NS, md, current, args.replicas))
-    co.patch_namespaced_custom_object_scale(G, V, NS, "machinedeployments", md,
+    current = co.get_namespaced_custom_object_scale(G, V, NS, plural, md)["spec"]["replicas"]
+    kind = "MachinePool" if args.pool else "MachineDeployment"
+    log(t0, "%s %s/%s: %d -> %d replicas" % (kind, NS, md, current, args.replicas))
+    co.patch_namespaced_custom_object_scale(G, V, NS, plural, md,
                                             {"spec": {"replicas": args.replicas}})
     if args.replicas > len(live):
         def provisioned():
-            now = machines(co, md)
+            now = machines(co, md, plural)
             new = {n: m for n, m in now.items() if n not in before and not m["metadata"].get("deletionTimestamp")}
             ready = [n for n, m in new.items() if (m.get("status") or {}).get("phase") == "Provisioned"]
             return sorted(ready) if len(new) >= args.replicas - len(live) and len(ready) == len(new) else None
@@ -115,7 +123,7 @@ def main():
         if args.no_playbook:
             return 0
         if events_running(args.state):
-            names = {hostname(m) for n, m in machines(co, md).items() if n in new}
+            names = {hostname(m) for n, m in machines(co, md, plural).items() if n in new}
             wait(t0, "the event path to join %s" % ", ".join(sorted(names)),
                  lambda: names <= slurm_idle(args.state), args.timeout, poll=1)
             log(t0, "the event path joined them: IDLE %.1f s after Provisioned (nobody ran a playbook)"
@@ -127,7 +135,7 @@ def main():
         return rc
     if args.replicas < len(live):
         def held():
-            now = machines(co, md)
+            now = machines(co, md, plural)
             leaving = {n: m for n, m in now.items() if n in live and m["metadata"].get("deletionTimestamp")}
             waiting = [n for n, m in leaving.items() if (m.get("status") or {}).get("phase") == "Deleting"
                        or not any(k.startswith(HOOK_PREFIX) for k in m["metadata"].get("annotations") or {})]
@@ -139,7 +147,7 @@ def main():
         if args.no_playbook:
             return 0
         if events_running(args.state):
-            wait(t0, "the event path to release them", lambda: not (set(leaving) & set(machines(co, md))),
+            wait(t0, "the event path to release them", lambda: not (set(leaving) & set(machines(co, md, plural))),
                  args.timeout, poll=1)
             log(t0, "the event path drained and released them; Machines gone %.1f s after Deleting" % (
                 time.time() - t_del))
@@ -149,7 +157,7 @@ def main():
                                                  % args.state, time.time() - t_del))
         if rc != 0:
             return rc
-        wait(t0, "the Machines to be gone", lambda: not (set(leaving) & set(machines(co, md))), args.timeout)
+        wait(t0, "the Machines to be gone", lambda: not (set(leaving) & set(machines(co, md, plural))), args.timeout)
         log(t0, "Machines gone, hosts deprovisioned: %s" % ", ".join(leaving))
         return 0
     log(t0, "nothing to do")

@@ -1,4 +1,4 @@
-"""A small stand-in for Cluster API's MachineDeployment and Machine controllers.
+"""A small stand-in for Cluster API's MachineDeployment, MachinePool and Machine controllers.
 
 It does, for the lab and the tests, what CAPI does for the parts this project
 depends on:
@@ -11,6 +11,11 @@ depends on:
 * replicas down: pick Machines - those annotated cluster.x-k8s.io/delete-machine
   first, then by spec.deletion.order (Random, Newest, Oldest) - and delete them
   (deletionTimestamp; the finalizer keeps them).
+* MachinePool replicas, as with an infrastructure provider that supports MachinePool
+  Machines: the same, with Machines labelled cluster.x-k8s.io/pool-name and owned
+  (ownerReferences, controller) by the MachinePool; delete-machine first, then the
+  newest. Metal3 itself has no MachinePool implementation: the pool's Machines get a
+  Metal3Machine and a BareMetalHost here only so that the lab's hosts look alike.
 * a deleting Machine waits while hooks remain, exactly as CAPI's reconcileDelete:
   pre-drain.delete.hook... only when the Machine has status.nodeRef, then
   pre-terminate.delete.hook... always. Then the host is released (provisioner),
@@ -32,6 +37,9 @@ PRE_DRAIN = "pre-drain.delete.hook.machine.cluster.x-k8s.io"
 PRE_TERMINATE = "pre-terminate.delete.hook.machine.cluster.x-k8s.io"
 DELETE_MACHINE = "cluster.x-k8s.io/delete-machine"
 DEPLOYMENT_LABEL = "cluster.x-k8s.io/deployment-name"
+POOL_LABEL = "cluster.x-k8s.io/pool-name"
+# what owns Machines: (plural, kind, the label naming the owner on its Machines)
+OWNERS = (("machinedeployments", "MachineDeployment", DEPLOYMENT_LABEL), ("machinepools", "MachinePool", POOL_LABEL))
 
 
 class Provisioner:
@@ -109,43 +117,48 @@ class CapiController:
                 self.store.changed.wait(self.interval)
 
     def reconcile(self):
-        for md in self._items(CAPI, "machinedeployments"):
-            self._reconcile_deployment(md)
+        for plural, dummy, label in OWNERS:
+            for owner in self._items(CAPI, plural):
+                self._reconcile_owner(owner, plural, label)
         for machine in self._items(CAPI, "machines"):
             if machine["metadata"].get("deletionTimestamp"):
                 self._reconcile_delete(machine)
 
     # ------------------------------------------------------------------ scale
-    def _machines_of(self, md):
-        ns, name = md["metadata"].get("namespace"), md["metadata"]["name"]
+    def _machines_of(self, owner, label=DEPLOYMENT_LABEL):
+        ns, name = owner["metadata"].get("namespace"), owner["metadata"]["name"]
         return [m for m in self._items(CAPI, "machines")
                 if m["metadata"].get("namespace") == ns
-                and (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == name]
+                and (m["metadata"].get("labels") or {}).get(label) == name]
 
-    def _reconcile_deployment(self, md):
-        spec = md.get("spec") or {}
+    def _reconcile_owner(self, owner, plural, label):
+        """A MachineDeployment's or MachinePool's replicas: create or delete Machines, then status."""
+        spec = owner.get("spec") or {}
         wanted = int(spec.get("replicas", 0))
-        machines = self._machines_of(md)
+        machines = self._machines_of(owner, label)
         live = [m for m in machines if not m["metadata"].get("deletionTimestamp")]
         if len(live) < wanted:
             for dummy in range(wanted - len(live)):
-                self._create_machine(md)
+                self._create_machine(owner, label)
         elif len(live) > wanted:
-            for victim in self._pick_victims(md, live, len(live) - wanted):
+            for victim in self._pick_victims(owner, live, len(live) - wanted, label):
                 self.store.delete(self.res(CAPI, "machines"), victim["metadata"]["namespace"],
                                   victim["metadata"]["name"])
                 self.note(victim["metadata"]["name"], "deletion requested")
-        ready = [m for m in self._machines_of(md) if not m["metadata"].get("deletionTimestamp")
+        machines = self._machines_of(owner, label)
+        ready = [m for m in machines if not m["metadata"].get("deletionTimestamp")
                  and (m.get("status") or {}).get("phase") in ("Provisioned", "Running")]
-        status = md.get("status") or {}
-        if status.get("replicas") != len(self._machines_of(md)) or status.get("readyReplicas") != len(ready):
-            self._status(self.res(CAPI, "machinedeployments"), md,
-                         {"replicas": len(self._machines_of(md)), "readyReplicas": len(ready)})
+        status = owner.get("status") or {}
+        if status.get("replicas") != len(machines) or status.get("readyReplicas") != len(ready):
+            self._status(self.res(CAPI, plural), owner, {"replicas": len(machines), "readyReplicas": len(ready)})
 
-    def _pick_victims(self, md, live, count):
+    def _pick_victims(self, owner, live, count, label=DEPLOYMENT_LABEL):
         marked = [m for m in live if DELETE_MACHINE in (m["metadata"].get("annotations") or {})]
         rest = [m for m in live if m not in marked]
-        order = ((md.get("spec") or {}).get("deletion") or {}).get("order") or "Random"
+        if label == POOL_LABEL:
+            order = "Newest"
+        else:
+            order = ((owner.get("spec") or {}).get("deletion") or {}).get("order") or "Random"
         if order == "Newest":
             rest.sort(key=lambda m: (m["metadata"].get("creationTimestamp", ""), m["metadata"]["name"]),
                       reverse=True)
@@ -155,15 +168,15 @@ class CapiController:
             self.random.shuffle(rest)
         return (marked + rest)[:count]
 
-    def _create_machine(self, md):
-        spec = md["spec"]
+    def _create_machine(self, owner, label=DEPLOYMENT_LABEL):
+        spec = owner["spec"]
         template = spec.get("template") or {}
         tmeta = template.get("metadata") or {}
-        ns = md["metadata"].get("namespace")
+        ns = owner["metadata"].get("namespace")
         cluster = spec.get("clusterName")
-        name = "%s-%s" % (md["metadata"]["name"], uuid.uuid4().hex[:5])
+        name = "%s-%s" % (owner["metadata"]["name"], uuid.uuid4().hex[:5])
         labels = dict(tmeta.get("labels") or {})
-        labels.update({DEPLOYMENT_LABEL: md["metadata"]["name"], "cluster.x-k8s.io/cluster-name": cluster})
+        labels.update({label: owner["metadata"]["name"], "cluster.x-k8s.io/cluster-name": cluster})
         tspec = copy.deepcopy(template.get("spec") or {})
         tspec["infrastructureRef"] = {"apiGroup": INFRA, "kind": "Metal3Machine", "name": name}
         tspec.setdefault("bootstrap", {})["dataSecretName"] = name
@@ -172,6 +185,10 @@ class CapiController:
                    "metadata": {"name": name, "namespace": ns, "labels": labels,
                                 "annotations": dict(tmeta.get("annotations") or {}), "finalizers": [FINALIZER]},
                    "spec": tspec}
+        if label == POOL_LABEL:  # a MachinePool Machine: owned by its pool
+            machine["metadata"]["ownerReferences"] = [{
+                "apiVersion": CAPI + "/v1beta2", "kind": "MachinePool", "name": owner["metadata"]["name"],
+                "uid": owner["metadata"].get("uid", ""), "controller": True, "blockOwnerDeletion": True}]
         created = self.store.create(self.res(CAPI, "machines"), ns, machine)
         self._status(self.res(CAPI, "machines"), created, {"phase": "Provisioning"})
         self.store.create(self.res(INFRA, "metal3machines"), ns, {

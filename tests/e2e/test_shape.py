@@ -2,8 +2,9 @@
 (never a Slurm node), a GPU node whose Machine declares two fake GPUs with the GRES annotation,
 a highmem node, each compute kind fed by its own MachineDeployment into its own partition
 (compute, gpu, highmem); hardware as slurmd detects it with memory kept for the OS
-(MemSpecLimit); a GPU node added by scaling its MachineDeployment; bad declarations failing
-before any change."""
+(MemSpecLimit); a GPU node added by scaling its MachineDeployment; the highmem nodes in a
+MachinePool scaled up and down (MachinePool Machines, held by our hook); bad declarations
+failing before any change."""
 
 import os
 import re
@@ -14,7 +15,7 @@ import pytest
 from labkit import Lab, has_podman
 
 LAB = Lab("hlab", "10.89.88", 16488, ".lab/e2e-shape", LAB_COMPUTE="1", LAB_LOGIN="1", LAB_GPU="1",
-          LAB_HIGHMEM="1", LAB_DIRECTORY="1")
+          LAB_HIGHMEM="1", LAB_DIRECTORY="1", LAB_POOLS="highmem")
 sh, on = LAB.sh, LAB.on
 CTL, CN, GPU, HM, LOGIN = "hlab-ctl-01", "hlab-cn-01", "hlab-gpu-01", "hlab-hm-01", "hlab-login-01"
 GRES_ANNOTATION = "slurm.converged.hpc/gres"
@@ -242,3 +243,33 @@ def test_a_gpu_node_added_by_its_machine_deployment_joins_with_its_gpus(lab):
     assert sorted(r for r in rows if r.strip()) == ["%s idle gpu:lab:2" % GPU, "%s idle gpu:lab:2" % new]
     assert on(CTL, "srun -p gpu -w %s --gres=gpu:2 printenv CUDA_VISIBLE_DEVICES" % new).stdout.strip() == "0,1"
     assert on(CTL, "srun -p gpu -w %s --gres=gpu:2 printenv CUDA_VISIBLE_DEVICES" % GPU).stdout.strip() == "0,1"
+
+
+def test_a_machine_pool_scales_up_and_down_through_its_machines(lab):
+    res = sh("python3", "lab/scale.py", "2", "--node-type", "highmem", "--pool", "--state", LAB.state,
+             "--cluster", "hlab", check=False, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    new = "hlab-hm-02"
+    machines = kube().list_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machines",
+                                                    label_selector="cluster.x-k8s.io/pool-name=hlab-highmem")["items"]
+    assert len(machines) == 2
+    for machine in machines:
+        assert [(o["kind"], o["name"]) for o in machine["metadata"]["ownerReferences"]] == [("MachinePool", "hlab-highmem")]
+    # the inventory groups the pool's Machines; Slurm has the new node in the highmem partition
+    graph = sh("ansible-inventory", "-i", os.path.join(LAB.state, "capi.capi_machines.yml"), "--graph",
+               "capi_mp_hlab_highmem").stdout
+    assert HM in graph and new in graph, graph
+    rows = on(CTL, "sinfo --noheader -p highmem --Node --format '%N %t'").stdout.split("\n")
+    assert sorted(r for r in rows if r.strip()) == ["%s idle" % HM, "%s idle" % new]
+    job = on(CTL, "sbatch --parsable --wait -p highmem -w %s --mem=3000 --output=/dev/null --wrap hostname"
+             % new).stdout.strip()
+    assert "JobState=COMPLETED" in job_state(job)
+    # down: the pool removes its newest Machine, which waits for our hook until scale_down.yml
+    # has drained it and deleted it from Slurm
+    res = sh("python3", "lab/scale.py", "1", "--node-type", "highmem", "--pool", "--state", LAB.state,
+             "--cluster", "hlab", check=False, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "held by the pre-terminate hook" in res.stdout and "Machines gone" in res.stdout
+    rows = on(CTL, "sinfo --noheader -p highmem --Node --format '%N %t'").stdout.split("\n")
+    assert [r for r in rows if r.strip()] == ["%s idle" % HM]
+    assert sh("podman", "container", "exists", new, check=False).returncode != 0

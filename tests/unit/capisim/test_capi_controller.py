@@ -148,3 +148,41 @@ def test_deletion_order_newest(world):
     assert requested == [live[-1]["metadata"]["name"]]
     # without hooks, CAPI goes straight on: the Machine is gone already
     assert ("metal3", requested[0]) not in store.objects[("cluster.x-k8s.io", "machines")]
+
+
+def test_machine_pool_scales_machine_pool_machines_held_by_the_hook(world):
+    store, ctl, prov = world
+    pools = store.resource("cluster.x-k8s.io", "machinepools")
+    store.create(pools, NS, {
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
+        "metadata": {"name": "hpc-pool", "namespace": NS},
+        "spec": {"clusterName": "hpc", "replicas": 2, "template": {
+            "metadata": {"labels": {"node-type": "compute"},
+                         "annotations": {PRE_TERMINATE + "/converged-hpc": "converged-hpc"}},
+            "spec": {"clusterName": "hpc", "bootstrap": {"dataSecretName": "hpc-pool"},
+                     "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                           "kind": "Metal3Machine", "name": "hpc-pool"}}}}})
+    machines_res = store.resource("cluster.x-k8s.io", "machines")
+
+    def pool_machines():
+        return [m for m in store.objects[("cluster.x-k8s.io", "machines")].values()
+                if (m["metadata"].get("labels") or {}).get("cluster.x-k8s.io/pool-name") == "hpc-pool"]
+    ctl.start()
+    until(lambda: len([m for m in pool_machines() if m["status"].get("phase") == "Provisioned"]) == 2)
+    pool = store.get(pools, NS, "hpc-pool")
+    until(lambda: store.get(pools, NS, "hpc-pool")["status"].get("readyReplicas") == 2)
+    for m in pool_machines():
+        assert m["metadata"]["ownerReferences"] == [{
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool", "name": "hpc-pool",
+            "uid": pool["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+        assert m["metadata"]["labels"]["node-type"] == "compute"
+        assert "cluster.x-k8s.io/deployment-name" not in m["metadata"]["labels"]
+    # scale down: the newest goes, and waits for our hook like any Machine
+    newest = max(pool_machines(), key=lambda m: (m["metadata"]["creationTimestamp"], m["metadata"]["name"]))
+    store.update(pools, NS, "hpc-pool", dict(pool, spec=dict(pool["spec"], replicas=1)))
+    name = newest["metadata"]["name"]
+    until(lambda: store.get(machines_res, NS, name)["status"].get("phase") == "Deleting")
+    assert len([m for m in pool_machines() if not m["metadata"].get("deletionTimestamp")]) == 1
+    annotate(store, name, PRE_TERMINATE + "/converged-hpc", None)
+    until(lambda: (NS, name) not in store.objects[("cluster.x-k8s.io", "machines")])
+    until(lambda: store.get(pools, NS, "hpc-pool")["status"].get("replicas") == 1)
