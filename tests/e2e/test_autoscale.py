@@ -204,7 +204,7 @@ def test_a_partition_slurm_does_not_have_fails_before_any_change(lab):
         "converged_node_types": {"controller": {"role": "controller"}, "compute": {
             "role": "compute", "nodeset": "computeset", "partitions": ["compute", "batch"]}}}))
     assert res.returncode != 0, res.stdout
-    assert "partition(s) batch of node type compute do not exist in Slurm (it has: compute)" in res.stdout, res.stdout
+    assert "partition(s) batch of node type compute do not exist in Slurm (it has: compute, gpu, highmem)" in res.stdout, res.stdout
     assert replicas(lab) == before
 
 

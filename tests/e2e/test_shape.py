@@ -255,10 +255,13 @@ def test_a_machine_pool_scales_up_and_down_through_its_machines(lab):
     assert len(machines) == 2
     for machine in machines:
         assert [(o["kind"], o["name"]) for o in machine["metadata"]["ownerReferences"]] == [("MachinePool", "hlab-highmem")]
-    # the inventory groups the pool's Machines; Slurm has the new node in the highmem partition
+    # the inventory groups the pool's Machines (by Machine name); Slurm has the new node (by its
+    # host's name) in the highmem partition
     graph = sh("ansible-inventory", "-i", os.path.join(LAB.state, "capi.capi_machines.yml"), "--graph",
                "capi_mp_hlab_highmem").stdout
-    assert HM in graph and new in graph, graph
+    names = sorted(m["metadata"]["name"] for m in machines)
+    assert names[0].startswith("hlab-highmem-") and names[1] == HM
+    assert all("|--%s\n" % name in graph for name in names), graph
     rows = on(CTL, "sinfo --noheader -p highmem --Node --format '%N %t'").stdout.split("\n")
     assert sorted(r for r in rows if r.strip()) == ["%s idle" % HM, "%s idle" % new]
     job = on(CTL, "sbatch --parsable --wait -p highmem -w %s --mem=3000 --output=/dev/null --wrap hostname"
