@@ -460,14 +460,31 @@ cmd_events() {
   say "event path running: ansible-rulebook -r converged.hpc.$rulebook (pid $(cat "$dir/rulebook.pid"), log ${STATE#"$REPO_DIR"/}/logs/events.log); 'make lab-scale N=...' and the cluster follows"
 }
 
+# Every process under PID, children first found, at any depth.
+descendants() {
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do echo "$child"; descendants "$child"; done
+}
+
 cmd_events_stop() {
   local pidfile="$STATE/events/rulebook.pid"
   if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-    local pid; pid=$(cat "$pidfile")
-    # its own session (setsid): the rulebook and the reconcile it may be running
+    local pid tree; pid=$(cat "$pidfile")
+    # its own session (setsid): the rulebook and the reconcile it may be running. ansible-runner
+    # starts that ansible-playbook in a session of its own (a pty), out of the group's reach, and
+    # with SIGHUP ignored (nohup): left behind, it would hang on its dead terminal and keep the
+    # run's Lease renewed. Stop the whole tree.
+    tree=$(descendants "$pid")
     kill -TERM -- "-$pid" 2>/dev/null || kill "$pid"
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    # shellcheck disable=SC2086
+    [[ -z "$tree" ]] || kill -TERM $tree 2>/dev/null || true
+    for _ in $(seq 100); do
+      ps -p "$(echo "$pid" $tree | tr ' ' ',')" >/dev/null 2>&1 || break  # until none is left
+      sleep 0.1
+    done
     kill -KILL -- "-$pid" 2>/dev/null || true
+    # shellcheck disable=SC2086
+    [[ -z "$tree" ]] || kill -KILL $tree 2>/dev/null || true
     [[ "${1:-}" == quiet ]] || say "stopped the event path (ansible-rulebook)"
   fi
   rm -f "$pidfile"
