@@ -7,6 +7,7 @@ import pytest
 
 from conftest import load_fixture
 from capisim import Store
+from capisim.store import ApiError
 from capisim.capi_controller import PRE_DRAIN, PRE_TERMINATE, CapiController, Provisioner
 
 NS = "metal3"
@@ -179,7 +180,17 @@ def test_machine_pool_scales_machine_pool_machines_held_by_the_hook(world):
         assert "cluster.x-k8s.io/deployment-name" not in m["metadata"]["labels"]
     # scale down: the newest goes, and waits for our hook like any Machine
     newest = max(pool_machines(), key=lambda m: (m["metadata"]["creationTimestamp"], m["metadata"]["name"]))
-    store.update(pools, NS, "hpc-pool", dict(pool, spec=dict(pool["spec"], replicas=1)))
+
+    def scale_pool_to_one():  # the controller writes the pool's status meanwhile: a conflict means read again
+        current = store.get(pools, NS, "hpc-pool")
+        try:
+            store.update(pools, NS, "hpc-pool", dict(current, spec=dict(current["spec"], replicas=1)))
+        except ApiError as err:
+            if err.code != 409:
+                raise
+            return False
+        return True
+    until(scale_pool_to_one)
     name = newest["metadata"]["name"]
     until(lambda: store.get(machines_res, NS, name)["status"].get("phase") == "Deleting")
     assert len([m for m in pool_machines() if not m["metadata"].get("deletionTimestamp")]) == 1
