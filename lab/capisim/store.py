@@ -206,10 +206,11 @@ class Store:
                 break
             out.append(obj)
             last = f"{ns}/{name}" if ns else name
-        meta = {"resourceVersion": str(rv)}
+        meta = {}  # keys in the real server's order (sorted): continue, remainingItemCount, resourceVersion
         if remaining:
             meta["continue"] = encode_continue(rv, last)
             meta["remainingItemCount"] = remaining
+        meta["resourceVersion"] = str(rv)
         return out, meta
 
     # ------------------------------------------------------------ writes

@@ -20,6 +20,8 @@ __metaclass__ = type
 import json
 import os
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlencode
 
 try:
@@ -58,6 +60,28 @@ AUTH_OPTIONS = ("kubeconfig", "context", "host", "api_key", "username", "passwor
                 "client_cert", "client_key", "proxy", "no_proxy", "proxy_headers", "persist_config",
                 "impersonate_user", "impersonate_groups")
 _BEARER = re.compile(r"(Bearer\s+)\S+", re.IGNORECASE)
+_LIST_META = b'"metadata":'
+
+
+def continue_token(body):
+    """The continue token of a list page, read from its end without decoding the page.
+
+    A kube-apiserver writes a list's keys sorted (apiVersion, items, kind, metadata), so the
+    ListMeta is the last value of the body. None when it is not there or has no token: the
+    caller then waits for the decoded page, as without a look-ahead."""
+    tail = body[-2048:]
+    at = tail.rfind(_LIST_META)
+    if at < 0:
+        return None
+    rest = tail[at + len(_LIST_META):].rstrip()
+    if not rest.endswith(b"}"):
+        return None
+    try:
+        meta = json.loads(rest[:-1])
+    except ValueError:
+        return None
+    token = meta.get("continue") if isinstance(meta, dict) else None
+    return token if isinstance(token, str) and token else None
 
 
 class CapiApiError(Exception):
@@ -164,8 +188,14 @@ class CapiReader:
             raise CapiApiError("cannot set up a client for %s: %s" % (self.host, scrub(exc, self._secrets())))
         self.pool = self.api_client.rest_client.pool_manager
         self.requests = 0
+        self.look_ahead = True
+        self._lock = threading.Lock()
+        self._executor = None
 
     def close(self):
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
         try:
             self.api_client.close()
         except Exception:  # pragma: no cover - best effort
@@ -189,7 +219,8 @@ class CapiReader:
         """One request (GET unless told); return (status, body bytes). body: a dict sent as JSON.
         Connection failures raise CapiApiError."""
         url = self.host + path + ("?" + urlencode(query) if query else "")
-        self.requests += 1
+        with self._lock:
+            self.requests += 1
         headers = self._headers()
         payload = None
         if body is not None:
@@ -266,19 +297,28 @@ class CapiReader:
             raise CapiApiError("the Kubernetes API at %s answered discovery of %s with something that is not "
                                "an APIGroup" % (self.host, group))
 
-    def list(self, group, version, plural, namespace=None, label_selector=None, restarts=2):
-        """All items of a kind, page by page; an expired continue token restarts the list (410)."""
+    def list(self, group, version, plural, namespace=None, label_selector=None, restarts=2, transform=None):
+        """All items of a kind, page by page; an expired continue token restarts the list (410).
+
+        transform: applied to each item as its page is decoded (the plugin trims them, so a
+        page's full objects are dropped at once). While a page is decoded the next one is
+        already asked for (its token read from the page's end): the server writes page n+1
+        while this process decodes page n."""
         base = "/apis/%s/%s" % (group, version)
         path = "%s/namespaces/%s/%s" % (base, namespace, plural) if namespace else "%s/%s" % (base, plural)
         what = "%s.%s%s" % (plural, group, " in namespace %s" % namespace if namespace else "")
-        items, token, pages = [], None, 0
+        items, token, ahead = [], None, None
         while True:
             query = {"limit": self.page_size}
             if label_selector:
                 query["labelSelector"] = label_selector
             if token:
                 query["continue"] = token
-            status, body = self.request(path, query)
+            if ahead is not None and ahead[0] == token:
+                status, body = ahead[1].result()
+            else:
+                status, body = self.request(path, query)
+            ahead = None
             if status == 410 and token and restarts > 0:
                 # the snapshot behind the token is gone: start a consistent list again
                 restarts -= 1
@@ -288,12 +328,35 @@ class CapiReader:
                 return []  # a namespace that does not exist holds nothing
             if status != 200:
                 self._fail(status, body, what)
+            if self.look_ahead:
+                next_token = continue_token(body)
+                if next_token:
+                    ahead = (next_token, self._pool().submit(self.request, path, dict(query, **{"continue": next_token})))
             try:
                 data = json.loads(body)
             except ValueError:
                 raise CapiApiError("listing %s at %s returned something that is not JSON" % (what, self.host))
-            items.extend(data.get("items") or [])
-            pages += 1
+            del body
+            page = data.get("items") or []
+            items.extend(map(transform, page) if transform else page)
             token = (data.get("metadata") or {}).get("continue")
             if not token:
                 return items
+
+    def list_many(self, lists):
+        """Several lists at once, each in a thread of its own: {key: (args, kwargs)} -> {key: items or
+        the CapiApiError it raised}. The server works on them in parallel."""
+        futures = {key: self._pool().submit(self.list, *args, **kwargs) for key, (args, kwargs) in lists.items()}
+        out = {}
+        for key, future in futures.items():
+            try:
+                out[key] = future.result()
+            except CapiApiError as exc:
+                out[key] = exc
+        return out
+
+    def _pool(self):
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="capi-list")
+            return self._executor

@@ -83,7 +83,7 @@ def test_scale_up_creates_provisioned_machines_with_template_labels(world):
     scale(store, before + 1)  # the fixture's deleting Machine is not counted
     ctl.reconcile()
     ctl.start()
-    until(lambda: len([m for m in machines(store, False) if m["status"].get("phase") == "Provisioned"
+    until(lambda: len([m for m in machines(store, False) if m.get("status", {}).get("phase") == "Provisioned"
                        and m["metadata"]["name"].startswith(MD + "-")]) >= 1)
     new = [m for m in machines(store, False) if m["metadata"]["name"] not in
            {d["metadata"]["name"] for d in load_fixture("capi-hpc.yaml")}]
@@ -92,7 +92,7 @@ def test_scale_up_creates_provisioned_machines_with_template_labels(world):
     assert m["metadata"]["labels"]["node-type"] == "compute"
     assert "machine.cluster.x-k8s.io" in m["metadata"]["finalizers"]
     until(lambda: all(store.get(store.resource("cluster.x-k8s.io", "machines"), NS, x["metadata"]["name"])
-                      ["status"].get("addresses") for x in new))
+                      .get("status", {}).get("addresses") for x in new))
 
 
 def test_scale_down_prefers_delete_machine_annotation_and_waits_for_pre_terminate_hook(world):
@@ -104,7 +104,7 @@ def test_scale_down_prefers_delete_machine_annotation_and_waits_for_pre_terminat
     scale(store, live - 1)
     ctl.start()
     res = store.resource("cluster.x-k8s.io", "machines")
-    until(lambda: store.get(res, NS, victim)["status"].get("phase") == "Deleting")
+    until(lambda: store.get(res, NS, victim).get("status", {}).get("phase") == "Deleting")
     m = store.get(res, NS, victim)
     assert m["metadata"]["deletionTimestamp"]
     assert "waitForPreTerminateHookStartTime" in m["status"]["deletion"]
@@ -131,7 +131,7 @@ def test_pre_drain_hook_holds_a_machine_with_node_ref(world):
     res = store.resource("cluster.x-k8s.io", "machines")
     store.delete(res, NS, victim)
     ctl.start()
-    until(lambda: "waitForPreDrainHookStartTime" in (store.get(res, NS, victim)["status"].get("deletion") or {}))
+    until(lambda: "waitForPreDrainHookStartTime" in (store.get(res, NS, victim).get("status", {}).get("deletion") or {}))
     annotate(store, victim, PRE_DRAIN + "/converged-hpc", None)
     until(lambda: (NS, victim) not in store.objects[("cluster.x-k8s.io", "machines")])
 
@@ -169,9 +169,9 @@ def test_machine_pool_scales_machine_pool_machines_held_by_the_hook(world):
         return [m for m in store.objects[("cluster.x-k8s.io", "machines")].values()
                 if (m["metadata"].get("labels") or {}).get("cluster.x-k8s.io/pool-name") == "hpc-pool"]
     ctl.start()
-    until(lambda: len([m for m in pool_machines() if m["status"].get("phase") == "Provisioned"]) == 2)
+    until(lambda: len([m for m in pool_machines() if m.get("status", {}).get("phase") == "Provisioned"]) == 2)
     pool = store.get(pools, NS, "hpc-pool")
-    until(lambda: store.get(pools, NS, "hpc-pool")["status"].get("readyReplicas") == 2)
+    until(lambda: store.get(pools, NS, "hpc-pool").get("status", {}).get("readyReplicas") == 2)
     for m in pool_machines():
         assert m["metadata"]["ownerReferences"] == [{
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool", "name": "hpc-pool",
@@ -192,8 +192,8 @@ def test_machine_pool_scales_machine_pool_machines_held_by_the_hook(world):
         return True
     until(scale_pool_to_one)
     name = newest["metadata"]["name"]
-    until(lambda: store.get(machines_res, NS, name)["status"].get("phase") == "Deleting")
+    until(lambda: store.get(machines_res, NS, name).get("status", {}).get("phase") == "Deleting")
     assert len([m for m in pool_machines() if not m["metadata"].get("deletionTimestamp")]) == 1
     annotate(store, name, PRE_TERMINATE + "/converged-hpc", None)
     until(lambda: (NS, name) not in store.objects[("cluster.x-k8s.io", "machines")])
-    until(lambda: store.get(pools, NS, "hpc-pool")["status"].get("replicas") == 1)
+    until(lambda: store.get(pools, NS, "hpc-pool").get("status", {}).get("replicas") == 1)

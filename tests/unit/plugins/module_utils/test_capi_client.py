@@ -1,0 +1,108 @@
+"""CapiReader's lists: the next page asked for while one is decoded, several kinds at once, and the
+token read from a page's end as a real kube-apiserver writes it."""
+
+import json
+import os
+
+import pytest
+
+from conftest import ADMIN_TOKEN, READONLY_TOKEN, REPO
+from ansible_collections.converged.hpc.plugins.module_utils.capi_client import (
+    CapiApiError,
+    CapiReader,
+    build_configuration,
+    continue_token,
+)
+
+TRANSCRIPTS = os.path.join(os.path.dirname(REPO), "shared", "k8s", "transcripts")
+G, V = "cluster.x-k8s.io", "v1beta2"
+
+
+def recorded_page(name):
+    with open(os.path.join(TRANSCRIPTS, name)) as fh:
+        body = json.load(fh)["response"]["body"]
+    # the server's compact JSON, its keys in the order it wrote them (apiVersion, items, kind, metadata)
+    return body, json.dumps(body, separators=(",", ":")).encode()
+
+
+def reader(sim, token=ADMIN_TOKEN, page_size=3):
+    configuration, headers = build_configuration(host=sim.url, api_key=token)
+    return CapiReader(configuration, page_size=page_size, headers=headers)
+
+
+@pytest.mark.skipif(not os.path.isdir(TRANSCRIPTS), reason="the recorded transcripts are not next to the repository")
+@pytest.mark.parametrize("name", ["30-list-machines-limit2-page1.json", "31-list-machines-limit2-page2.json",
+                                  "32-list-machines-limit4-page3.json"])
+def test_continue_token_read_from_the_end_of_a_recorded_page(name):
+    body, raw = recorded_page(name)
+    assert list(body) == ["apiVersion", "items", "kind", "metadata"]
+    assert continue_token(raw) == body["metadata"]["continue"]
+
+
+def test_continue_token_absent_or_not_at_the_end_is_none():
+    last = {"apiVersion": "v1", "items": [{"metadata": {"name": "a"}}], "kind": "MachineList",
+            "metadata": {"resourceVersion": "7"}}
+    assert continue_token(json.dumps(last).encode()) is None
+    first = {"metadata": {"continue": "abc"}, "items": [{"metadata": {"name": "a", "labels": {}}}]}
+    assert continue_token(json.dumps(first).encode()) is None
+    # an item's annotation called "continue" is no list token
+    tricky = {"apiVersion": "v1", "items": [{"metadata": {"annotations": {"continue": "x"}}}]}
+    assert continue_token(json.dumps(tricky).encode()) is None
+    assert continue_token(b"not json at all") is None
+
+
+def test_look_ahead_lists_the_same_items_in_as_many_requests(sim):
+    plain, ahead = reader(sim), reader(sim)
+    plain.look_ahead = False
+    try:
+        want = plain.list(G, V, "machines")
+        sim.requests.clear()
+        got = ahead.list(G, V, "machines")
+    finally:
+        plain.close()
+        ahead.close()
+    assert [m["metadata"]["name"] for m in got] == [m["metadata"]["name"] for m in want]
+    assert len(got) == 10
+    pages = [q for m, p, q in sim.requests if p.endswith("/machines")]
+    assert len(pages) == 4 and ahead.requests == 4  # 10 Machines, 3 a page: no request wasted
+    assert [q.get("continue") is None for q in pages] == [True, False, False, False]
+
+
+def test_look_ahead_restarts_when_the_token_expired(sim):
+    """The page asked for ahead comes back 410 (compaction): the list starts again, whole."""
+    rd = reader(sim)
+    original, compacted = rd.request, []
+
+    def request(path, query=None, **kwargs):
+        if query and query.get("continue") and not compacted:
+            compacted.append(True)
+            sim.store.compact()
+        return original(path, query, **kwargs)
+
+    rd.request = request
+    try:
+        got = rd.list(G, V, "machines")
+    finally:
+        rd.close()
+    assert compacted and len(got) == 10
+    assert len({m["metadata"]["name"] for m in got}) == 10
+
+
+def test_transform_is_applied_to_every_item(sim):
+    rd = reader(sim)
+    try:
+        names = rd.list(G, V, "machines", transform=lambda m: m["metadata"]["name"])
+    finally:
+        rd.close()
+    assert len(names) == 10 and all(isinstance(n, str) for n in names)
+
+
+def test_several_lists_at_once_each_with_its_own_answer(sim):
+    rd = reader(sim, token=READONLY_TOKEN)
+    try:
+        out = rd.list_many({"machines": ((G, V, "machines"), {}),
+                            "bmh": (("metal3.io", "v1alpha1", "baremetalhosts"), {})})
+    finally:
+        rd.close()
+    assert len(out["machines"]) == 10
+    assert isinstance(out["bmh"], CapiApiError) and "403 Forbidden" in str(out["bmh"])
