@@ -21,8 +21,11 @@ description:
     C(capi_md_<namespace>_<name>), when several namespaces have one of that name), and
     C(capi_deleting) (O(deleting_group)) for Machines being deleted, which are in no node-type group."
   - Hostvars are C(ansible_host) and one dict (O(hostvar_name), default C(capi)) with the Machine's name,
-    namespace, cluster, phase, provider_id, node_type, labels, annotations, deletion_timestamp,
-    machine_deployment, machine_set, machine_pool, node_ref, the Metal3 host (bmh), cpus, ram_mib, nics.
+    namespace, cluster, phase, node_type, labels, annotations, deleting, machine_deployment, machine_pool,
+    and the Metal3 host's hostname, cpus and ram_mib; O(hostvars=full) adds the rest (provider_id, node_ref,
+    the Metal3 host's name and NICs...).
+  - The three kinds are listed at once, and each list asks for its next page while it decodes the last.
+  - With O(cache), the cache holds the mapped hosts and groups, valid for the options they were mapped with.
   - Machines without the node-type label or without a usable address are skipped with a warning that
     names them; a label value that is not a valid group name is sanitised with a warning.
 extends_documentation_fragment:
@@ -115,6 +118,20 @@ options:
     description: Name of the per-host dict of Machine data.
     type: str
     default: capi
+  hostvars:
+    description:
+      - What the per-host dict (O(hostvar_name)) holds.
+      - C(lean) holds what this collection's roles and playbooks read, name, namespace, api_version,
+        cluster, phase, node_type, labels, annotations, deleting, machine_deployment, machine_pool, hostname,
+        cpus and ram_mib, where labels and annotations leave out Cluster API's own
+        (C(cluster.x-k8s.io/*), C(machine-template-hash)) and C(kubectl.kubernetes.io/last-applied-configuration).
+      - C(full) adds uid, provider_id, node_ref, deletion_timestamp, machine_set, address, addresses,
+        metal3_machine, bmh, bmh_namespace and nics, and every label and annotation.
+      - Ansible copies and tags every value an inventory sets, so each value costs time on every run;
+        docs/inventory.md gives the measured cost per host.
+    type: str
+    choices: [lean, full]
+    default: lean
   page_size:
     description: Items per list request (C(limit)); pages follow C(continue) tokens.
     type: int
@@ -157,6 +174,11 @@ compose:
   slurm_cpus: capi.cpus
 """
 
+import gc
+import json
+from contextlib import contextmanager
+from dataclasses import asdict
+
 from ansible.errors import AnsibleError, AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
 
@@ -180,6 +202,39 @@ from ansible_collections.converged.hpc.plugins.module_utils.capi_mapping import 
 )
 
 _HW_KEYS = ("cpu", "ramMebibytes", "nics", "hostname")
+_CACHE_FORMAT = 2  # the cache holds mapped hosts and groups (format 1 held the API objects)
+
+
+@contextmanager
+def _no_cyclic_gc():
+    """Python's cyclic garbage collector off while the lists are decoded and the hosts added.
+
+    Decoding pages and adding hosts make millions of small objects, none in a cycle, and each
+    full collection walks all those already kept: about a third of the run at 10,000 Machines
+    (docs/benchmarks.md). Reference counting still frees everything; the collector is switched
+    back on as it was."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _trim_machine(obj):
+    return trim(obj, MACHINE_SPEC, MACHINE_STATUS)
+
+
+def _trim_m3m(obj):
+    return trim(obj, (), M3M_STATUS)
+
+
+def _trim_bmh(obj):
+    small = trim(obj, (), BMH_STATUS)
+    hw = small.get("status", {}).get("hardware") or {}
+    small["status"] = {"hardware": {k: hw[k] for k in _HW_KEYS if k in hw}}
+    return small
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
@@ -192,24 +247,42 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     def parse(self, inventory, loader, path, cache=True):
         super(InventoryModule, self).parse(inventory, loader, path, cache)
         self._read_config_data(path)
+        with _no_cyclic_gc():
+            self._parse(path, cache)
+
+    def _parse(self, path, cache):
         opts = self._mapping_options()
+        options = json.loads(json.dumps(asdict(opts)))
         cache_key = self.get_cache_key(path)
         use_cache = self.get_option("cache") and cache
         update_cache = self.get_option("cache") and not cache
-        objects = None
+        mapped = None
         if use_cache:
             try:
-                objects = self._cache[cache_key]
+                cached = self._cache[cache_key]
             except KeyError:
                 update_cache = True
-        if objects is None:
+            else:
+                # the mapped hosts and groups, valid for the options they were mapped with
+                if isinstance(cached, dict) and cached.get("format") == _CACHE_FORMAT and cached.get("options") == options:
+                    mapped = cached
+                else:
+                    update_cache = True
+        if mapped is None:
             try:
                 objects = self._fetch_objects()
             except CapiApiError as exc:
                 raise AnsibleError("converged.hpc.capi_machines (%s): %s" % (path, exc))
+            try:
+                inv = build(objects, opts)
+            except ValueError as exc:
+                raise AnsibleParserError("converged.hpc.capi_machines: %s" % exc)
+            mapped = {"format": _CACHE_FORMAT, "options": options, "hosts": inv.hosts, "groups": inv.groups,
+                      "warnings": inv.warnings, "machines": len(objects.get("machines") or []),
+                      "skipped": len(inv.skipped)}
         if update_cache:
-            self._cache[cache_key] = objects
-        self._populate_inventory(objects, opts)
+            self._cache[cache_key] = mapped
+        self._populate_inventory(mapped)
 
     def _mapping_options(self):
         page = self.get_option("page_size")
@@ -228,6 +301,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             host_naming=self.get_option("host_naming"),
             clusters=tuple(self.get_option("clusters") or ()),
             hostvar_name=self.get_option("hostvar_name"),
+            hostvars=self.get_option("hostvars"),
         )
 
     def _fetch_objects(self):
@@ -252,58 +326,68 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         if clusters:
             selector = ",".join(filter(None, [selector, "cluster.x-k8s.io/cluster-name in (%s)"
                                               % ",".join(clusters)]))
-        machines = []
-        for ns in namespaces:
-            machines.extend(trim(m, MACHINE_SPEC, MACHINE_STATUS)
-                            for m in reader.list(CAPI_GROUP, version, "machines", ns, selector or None))
-        objects = {"machines": machines, "metal3machines": [], "baremetalhosts": [],
-                   "machine_api_version": "%s/%s" % (CAPI_GROUP, version)}
         mode = self.get_option("metal3")
-        if mode == "never" or not machines:
-            return objects
-        try:
-            infra_version = reader.preferred_version(INFRA_GROUP)
-            bmh_version = reader.preferred_version(METAL3_GROUP)
-            if infra_version is None or bmh_version is None:
-                if mode == "always":
-                    raise CapiApiError("Metal3 is not installed at %s (metal3=always)" % reader.host)
-                return objects
-            for ns in namespaces:
-                objects["metal3machines"].extend(
-                    trim(o, (), M3M_STATUS) for o in reader.list(INFRA_GROUP, infra_version, "metal3machines", ns))
-                for bmh in reader.list(METAL3_GROUP, bmh_version, "baremetalhosts", ns):
-                    small = trim(bmh, (), BMH_STATUS)
-                    hw = small.get("status", {}).get("hardware") or {}
-                    small["status"] = {"hardware": {k: hw[k] for k in _HW_KEYS if k in hw}}
-                    objects["baremetalhosts"].append(small)
-        except CapiApiError as exc:
+        lists = {}
+        for ns in namespaces:
+            lists[("machines", ns)] = ((CAPI_GROUP, version, "machines", ns, selector or None),
+                                       {"transform": _trim_machine})
+        metal3_error = None
+        if mode != "never":
+            try:
+                infra_version = reader.preferred_version(INFRA_GROUP)
+                bmh_version = reader.preferred_version(METAL3_GROUP)
+            except CapiApiError as exc:
+                infra_version = bmh_version = None
+                metal3_error = exc
+            if metal3_error is None and (infra_version is None or bmh_version is None):
+                metal3_error = CapiApiError("Metal3 is not installed at %s (metal3=always)" % reader.host)
+                if mode != "always":
+                    metal3_error, mode = None, "never"  # not installed: nothing to warn about
+            if metal3_error is None and mode != "never":
+                for ns in namespaces:
+                    lists[("metal3machines", ns)] = ((INFRA_GROUP, infra_version, "metal3machines", ns),
+                                                     {"transform": _trim_m3m})
+                    lists[("baremetalhosts", ns)] = ((METAL3_GROUP, bmh_version, "baremetalhosts", ns),
+                                                     {"transform": _trim_bmh})
+        # the three kinds at once: the server lists them in parallel while this process decodes
+        results = reader.list_many(lists)
+        objects = {"machines": [], "metal3machines": [], "baremetalhosts": [],
+                   "machine_api_version": "%s/%s" % (CAPI_GROUP, version)}
+        for (kind, ns), items in results.items():
+            if isinstance(items, CapiApiError):
+                if kind == "machines" or mode == "always":
+                    raise items
+                metal3_error = metal3_error or items
+                continue
+            objects[kind].extend(items)
+        if metal3_error is not None:
             if mode == "always":
-                raise
+                raise metal3_error
             self.display.warning("converged.hpc.capi_machines: no Metal3 hardware data (cpus, ram_mib, nics) "
-                                 "in this inventory: %s" % exc)
+                                 "in this inventory: %s" % metal3_error)
             objects["metal3machines"], objects["baremetalhosts"] = [], []
         return objects
 
-    def _populate_inventory(self, objects, opts):
-        """No API calls here: map plain dicts to hosts and groups, then apply constructed options."""
-        try:
-            mapped = build(objects, opts)
-        except ValueError as exc:
-            raise AnsibleParserError("converged.hpc.capi_machines: %s" % exc)
-        for warning in mapped.warnings:
+    def _populate_inventory(self, mapped):
+        """No API calls here: add the mapped hosts and groups, then apply constructed options."""
+        for warning in mapped["warnings"]:
             self.display.warning("converged.hpc.capi_machines: %s" % warning)
-        for group in sorted(mapped.groups):
+        for group in sorted(mapped["groups"]):
             self.inventory.add_group(group)
         strict = self.get_option("strict")
-        for host, hostvars in mapped.hosts.items():
+        compose, groups, keyed = self.get_option("compose"), self.get_option("groups"), self.get_option("keyed_groups")
+        for host, hostvars in mapped["hosts"].items():
             self.inventory.add_host(host)
             for key, value in hostvars.items():
                 self.inventory.set_variable(host, key, value)
-            self._set_composite_vars(self.get_option("compose"), hostvars, host, strict=strict)
-            self._add_host_to_composed_groups(self.get_option("groups"), hostvars, host, strict=strict)
-            self._add_host_to_keyed_groups(self.get_option("keyed_groups"), hostvars, host, strict=strict)
-        for group, hosts in mapped.groups.items():
+            if compose:
+                self._set_composite_vars(compose, hostvars, host, strict=strict)
+            if groups:
+                self._add_host_to_composed_groups(groups, hostvars, host, strict=strict)
+            if keyed:
+                self._add_host_to_keyed_groups(keyed, hostvars, host, strict=strict)
+        for group, hosts in mapped["groups"].items():
             for host in hosts:
                 self.inventory.add_child(group, host)
         self.display.v("converged.hpc.capi_machines: %d hosts from %d Machines (%d skipped)" % (
-            len(mapped.hosts), len(objects.get("machines") or []), len(mapped.skipped)))
+            len(mapped["hosts"]), mapped["machines"], mapped["skipped"]))

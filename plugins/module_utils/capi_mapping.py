@@ -30,6 +30,17 @@ CLUSTER_LABEL = "cluster.x-k8s.io/cluster-name"
 BMH_ANNOTATION = "metal3.io/BareMetalHost"
 INFRA_GROUP = "infrastructure.cluster.x-k8s.io"
 _GROUP_OK = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# hostvars "lean": what the roles, playbooks and filters of this collection read (docs/inventory.md)
+LEAN_KEYS = ("name", "namespace", "api_version", "cluster", "phase", "node_type", "labels", "annotations",
+             "deleting", "machine_deployment", "machine_pool", "hostname", "cpus", "ram_mib")
+# labels and annotations Cluster API and kubectl keep for themselves; their values are in the other keys
+_OWN_PREFIXES = ("cluster.x-k8s.io/",)
+_OWN_KEYS = ("machine-template-hash", "kubectl.kubernetes.io/last-applied-configuration")
+
+
+def _user_keys(mapping):
+    """A label or annotation dict without Cluster API's and kubectl's own entries."""
+    return {k: v for k, v in mapping.items() if not k.startswith(_OWN_PREFIXES) and k not in _OWN_KEYS}
 
 
 @dataclass
@@ -45,6 +56,7 @@ class MappingOptions:
     host_naming: str = "machine"
     clusters: tuple = ()
     hostvar_name: str = "capi"
+    hostvars: str = "lean"
 
 
 @dataclass
@@ -255,6 +267,10 @@ def build(objects, opts):
             "nics": nics,
             "hostname": hardware.get("hostname"),
         }
+        if opts.hostvars == "lean":
+            hostvars["labels"] = _user_keys(labels)
+            hostvars["annotations"] = _user_keys(hostvars["annotations"])
+            hostvars = {k: hostvars[k] for k in LEAN_KEYS}
         vars_ = {opts.hostvar_name: hostvars}
         if address:
             vars_["ansible_host"] = address

@@ -237,3 +237,34 @@ def test_kubeconfig_option_with_several_files(sim, tmp_path):
     mine = _kubeconfig(tmp_path / "mine.yaml", sim.url, ADMIN_TOKEN)
     data = listing(inventory(tmp_path, {"kubeconfig": "%s:%s" % (other, mine), "context": "mgmt"}))
     assert len(data["controller"]["hosts"]) == 2
+
+
+def test_default_hostvars_are_lean_and_full_on_request(sim, tmp_path):
+    lean = listing(inventory(tmp_path, {"host": sim.url, "api_key": ADMIN_TOKEN}))
+    full = listing(inventory(tmp_path, {"host": sim.url, "api_key": ADMIN_TOKEN, "hostvars": "full"}))
+    host = "hpc-compute-7d9f8-abcde"
+    small, big = lean["_meta"]["hostvars"][host]["capi"], full["_meta"]["hostvars"][host]["capi"]
+    assert "nics" not in small and "provider_id" not in small and "cluster.x-k8s.io/cluster-name" not in small["labels"]
+    assert small["cpus"] == big["cpus"] == 128 and small["cluster"] == big["cluster"] == "hpc"
+    assert [n["name"] for n in big["nics"]] == ["eno1", "ens3f0np0"]
+    assert {k: v for k, v in lean.items() if k != "_meta"} == {k: v for k, v in full.items() if k != "_meta"}
+    assert len(json.dumps(lean)) < len(json.dumps(full)) * 0.7
+
+
+def test_cache_is_valid_only_for_the_options_it_was_mapped_with(tmp_path):
+    server = start_sim(load_fixture("capi-hpc.yaml"))
+    config = {"host": server.url, "api_key": ADMIN_TOKEN, "cache": True,
+              "cache_plugin": "ansible.builtin.jsonfile", "cache_connection": str(tmp_path / "cache"),
+              "cache_timeout": 600}
+    host = "hpc-compute-7d9f8-abcde"
+    try:
+        lean = listing(inventory(tmp_path, config))
+        assert "nics" not in lean["_meta"]["hostvars"][host]["capi"]
+        full = listing(inventory(tmp_path, dict(config, hostvars="full")))  # other options: read again
+        assert full["_meta"]["hostvars"][host]["capi"]["nics"]
+    finally:
+        server.stop()
+    assert listing(inventory(tmp_path, dict(config, hostvars="full"))) == full  # from the cache
+    # the same file with other options and no API: an error, never hosts mapped another way
+    line = error_line(inventory(tmp_path, dict(config, node_type_label="role")))
+    assert "cannot reach the Kubernetes API" in line

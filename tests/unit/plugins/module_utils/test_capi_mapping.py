@@ -7,6 +7,7 @@ import pytest
 from conftest import objects_by_kind
 from ansible_collections.converged.hpc.plugins.module_utils.capi_mapping import (
     MACHINE_SPEC,
+    LEAN_KEYS,
     MACHINE_STATUS,
     MappingOptions,
     build,
@@ -37,7 +38,7 @@ def test_groups_by_node_type_cluster_and_deployment():
 
 
 def test_deleting_machine_only_in_deleting_group():
-    inv = build(v1beta2_with_metal3(), MappingOptions())
+    inv = build(v1beta2_with_metal3(), MappingOptions(hostvars="full"))
     host = "hpc-compute-7d9f8-pqrst"
     assert inv.groups["capi_deleting"] == [host]
     assert host not in inv.groups["compute"]
@@ -85,7 +86,7 @@ def test_running_machine_with_no_address_is_skipped_with_warning():
 
 
 def test_hostvars_carry_machine_and_metal3_hardware():
-    inv = build(v1beta2_with_metal3(), MappingOptions())
+    inv = build(v1beta2_with_metal3(), MappingOptions(hostvars="full"))
     host = inv.hosts["hpc-compute-7d9f8-abcde"]
     assert host["ansible_host"] == "192.168.111.21"
     capi = host["capi"]
@@ -98,8 +99,42 @@ def test_hostvars_carry_machine_and_metal3_hardware():
     assert controller["cpus"] == 32 and controller["node_ref"] == "hpc-ctl-01"
 
 
+def test_lean_hostvars_hold_what_the_collection_reads():
+    full = build(v1beta2_with_metal3(), MappingOptions(hostvars="full"))
+    lean = build(v1beta2_with_metal3(), MappingOptions())
+    assert lean.groups == full.groups
+    for host, hostvars in lean.hosts.items():
+        capi, whole = hostvars["capi"], full.hosts[host]["capi"]
+        assert tuple(capi) == LEAN_KEYS
+        assert hostvars["ansible_host"] == full.hosts[host]["ansible_host"]
+        for key in set(LEAN_KEYS) - {"labels", "annotations"}:
+            assert capi[key] == whole[key], (host, key)
+        # Cluster API's own labels are in cluster/machine_deployment; the user's stay
+        assert not [k for k in capi["labels"] if k.startswith("cluster.x-k8s.io/") or k == "machine-template-hash"]
+        assert {k: v for k, v in whole["labels"].items() if k in capi["labels"]} == capi["labels"]
+    compute = lean.hosts["hpc-compute-7d9f8-abcde"]["capi"]
+    assert compute["labels"]["node-type"] == "compute" and compute["cpus"] == 128 and compute["hostname"]
+    assert "slurm.example.org/partition" in compute["labels"]
+    # the deletion hook the playbooks look for is not Cluster API's own: it stays
+    deleting = lean.hosts["hpc-compute-7d9f8-pqrst"]["capi"]
+    assert deleting["deleting"] is True
+    assert "pre-terminate.delete.hook.machine.cluster.x-k8s.io/slurm" in deleting["annotations"]
+
+
+def test_lean_annotations_leave_out_last_applied_configuration():
+    objects = v1beta2_with_metal3()
+    machine = [m for m in objects["machines"] if m["metadata"]["name"] == "hpc-compute-7d9f8-abcde"][0]
+    machine["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": "{" + "x" * 4000 + "}",
+                                          "cluster.x-k8s.io/delete-machine": "",
+                                          "slurm.converged.hpc/gres": "gpu:a100:4"}
+    lean = build(objects, MappingOptions()).hosts["hpc-compute-7d9f8-abcde"]["capi"]
+    assert lean["annotations"] == {"slurm.converged.hpc/gres": "gpu:a100:4"}
+    full = build(objects, MappingOptions(hostvars="full")).hosts["hpc-compute-7d9f8-abcde"]["capi"]
+    assert len(full["annotations"]) == 3
+
+
 def test_v1beta1_created_machine_refs_without_apigroup_still_join_metal3():
-    inv = build(v1beta2_with_metal3(), MappingOptions())
+    inv = build(v1beta2_with_metal3(), MappingOptions(hostvars="full"))
     capi = inv.hosts["edge-workers-6f5d4-m2wq7"]["capi"]
     assert capi["bmh"] == "edge-01" and capi["cpus"] == 128
 
@@ -116,7 +151,7 @@ def test_machines_read_through_v1beta1_map_the_same():
 
 
 def test_without_metal3_hosts_have_no_hardware():
-    inv = build(recorded(metal3=False), MappingOptions())
+    inv = build(recorded(metal3=False), MappingOptions(hostvars="full"))
     capi = inv.hosts["hpc-compute-7d9f8-abcde"]["capi"]
     assert capi["cpus"] is None and capi["nics"] == [] and capi["bmh"] is None
     assert inv.hosts["hpc-compute-7d9f8-abcde"]["ansible_host"] == "192.168.111.21"
@@ -195,7 +230,7 @@ def test_a_new_machine_never_renames_an_existing_host():
     for order in (lambda ms: [twin] + ms, lambda ms: ms + [twin]):
         trial = copy.deepcopy(objects)
         trial["machines"] = order(trial["machines"])
-        inv = build(trial, MappingOptions())
+        inv = build(trial, MappingOptions(hostvars="full"))
         assert inv.hosts["hpc-compute-7d9f8-abcde"]["capi"]["namespace"] == old["metadata"]["namespace"]
         assert inv.hosts["a-early_hpc-compute-7d9f8-abcde"]["capi"]["uid"] == "new-uid"
         assert any("belongs to the older Machine %s/hpc-compute-7d9f8-abcde" % old["metadata"]["namespace"] in w
