@@ -1,14 +1,22 @@
 """Benchmark: converged.hpc.capi_machines for 100, 1,000 and 10,000 Machines.
 
-For each size the simulator (on loopback) serves that many Machines, each with
-its Metal3Machine and BareMetalHost, shaped like the objects recorded from a
-real kube-apiserver (tests/fixtures/capi-hpc.yaml). It prints:
+For each size a simulator in a process of its own (as a real API server is) serves that many
+Machines, each with its Metal3Machine and BareMetalHost, shaped like the objects recorded from a
+real kube-apiserver (tests/fixtures/capi-hpc.yaml), managedFields included. It prints, best of
+--repeat, in seconds:
 
-  build     the plugin building the inventory (discovery, paged lists, join, groups,
-            Ansible's own host/variable bookkeeping), no cache
-  fetch     merely fetching and JSON-decoding the same pages (same page size)
-  ratio     build / fetch
-  cached    building it from a filled inventory cache (jsonfile), no API call
+  floor     GET every page of the three lists, one after another, and json.loads it: the
+            floor the issue measures the plugin against
+  build     the plugin building the inventory (discovery, the lists, join, groups, Ansible's
+            own host and variable bookkeeping), no cache, default (lean) hostvars
+  ratio     build / floor
+  full      the same build with hostvars: full
+  cached    the build from a filled inventory cache (jsonfile), no API call
+  m-floor   Machines only: every page, one after another, json.loads
+  peer      Machines only, as a plain script does it: one unpaged GET and json.loads
+  m-build   the plugin with metal3: never (Machines only)
+
+and then, at the largest size, what `ansible-inventory --list` costs per host, lean and full.
 
 Usage: python3 bench/inventory.py [--sizes 100,1000,10000] [--page-size 500] [--repeat 3]
 """
@@ -18,6 +26,7 @@ import copy
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,17 +83,30 @@ def populate(store, n):
     store.load(docs, strict=True)
 
 
-def fetch_only(url, page_size):
-    """The floor: GET every page of the three kinds and json-decode it, nothing else."""
+KINDS = ("/apis/cluster.x-k8s.io/v1beta2/machines",
+         "/apis/infrastructure.cluster.x-k8s.io/v1beta2/metal3machines",
+         "/apis/metal3.io/v1alpha1/baremetalhosts")
+
+
+def serve(n):
+    """The server process: n Machines (and their Metal3 objects) until stdin closes."""
+    store = Store()
+    populate(store, n)
+    sim = Simulator(store, {TOKEN: Identity("admin")}).start()
+    print(sim.url, flush=True)
+    sys.stdin.read()
+    sim.stop()
+
+
+def fetch_only(url, page_size, paths=KINDS):
+    """GET every page of each kind, one after another, and json-decode it, nothing else."""
     pool = urllib3.PoolManager()
     headers = {"Authorization": "Bearer " + TOKEN, "Accept": "application/json"}
     count = 0
-    for path in ("/apis/cluster.x-k8s.io/v1beta2/machines",
-                 "/apis/infrastructure.cluster.x-k8s.io/v1beta2/metal3machines",
-                 "/apis/metal3.io/v1alpha1/baremetalhosts"):
+    for path in paths:
         token = None
         while True:
-            fields = {"limit": page_size}
+            fields = {"limit": page_size} if page_size else {}
             if token:
                 fields["continue"] = token
             resp = pool.request("GET", url + path, fields=fields, headers=headers)
@@ -108,51 +130,108 @@ def build(source, cache):
     return len(inv.hosts)
 
 
+def cli_list(source):
+    """ansible-inventory --list into a file: (seconds, bytes)."""
+    out = source + ".json"
+    env = dict(os.environ, ANSIBLE_INVENTORY_ENABLED="converged.hpc.capi_machines")
+    t = time.perf_counter()
+    subprocess.run(["ansible-inventory", "-i", source, "--list", "--output", out], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t, os.path.getsize(out)
+
+
+PEER = """#!%s
+# a plain inventory script: Machines only, one unpaged GET, grouped by node-type, ansible_host
+import json, sys, urllib.request
+req = urllib.request.Request("%s/apis/cluster.x-k8s.io/v1beta2/machines",
+                             headers={"Authorization": "Bearer %s", "Accept": "application/json"})
+items = json.loads(urllib.request.urlopen(req).read())["items"]
+out = {"_meta": {"hostvars": {}}}
+for m in items:
+    name, labels = m["metadata"]["name"], m["metadata"].get("labels") or {}
+    addr = [a["address"] for a in m.get("status", {}).get("addresses", []) if a["type"] == "InternalIP"]
+    out.setdefault(labels.get("node-type", "ungrouped"), {"hosts": []})["hosts"].append(name)
+    out["_meta"]["hostvars"][name] = {"ansible_host": addr[0] if addr else name}
+json.dump(out, sys.stdout)
+"""
+
+
+def cli_peer(tmp, url):
+    """ansible-inventory --list of the plain script (seconds, bytes)."""
+    script = os.path.join(tmp, "peer.py")
+    with open(script, "w") as fh:
+        fh.write(PEER % (sys.executable, url, TOKEN))
+    os.chmod(script, 0o755)
+    out = script + ".json"
+    env = dict(os.environ, ANSIBLE_INVENTORY_ENABLED="ansible.builtin.script")
+    t = time.perf_counter()
+    subprocess.run(["ansible-inventory", "-i", script, "--list", "--output", out], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t, os.path.getsize(out)
+
+
+def best(fn, repeat):
+    times = []
+    for dummy in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100,1000,10000")
     ap.add_argument("--page-size", type=int, default=500)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve is not None:
+        return serve(args.serve)
     sizes = [int(s) for s in args.sizes.split(",")]
-    print("converged.hpc.capi_machines benchmark: simulator on loopback, page size %d, best of %d"
-          % (args.page_size, args.repeat))
-    print("%8s  %9s  %9s  %6s  %9s  %s" % ("machines", "build s", "fetch s", "ratio", "cached s", "hosts"))
+    print("converged.hpc.capi_machines benchmark: simulator in its own process on loopback, page size %d, "
+          "best of %d, %d cores" % (args.page_size, args.repeat, os.cpu_count()))
+    cols = ("machines", "floor", "build", "ratio", "full", "cached", "m-floor", "peer", "m-build", "hosts")
+    print("%8s" % cols[0] + "".join("%9s" % c for c in cols[1:]))
     for n in sizes:
-        store = Store()
-        populate(store, n)
-        sim = Simulator(store, {TOKEN: Identity("admin")}).start()
+        server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", str(n)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        url = server.stdout.readline().strip()
         tmp = tempfile.mkdtemp(prefix="capi-bench-")
         try:
-            plain = os.path.join(tmp, "bench.capi_machines.yml")
-            cached_src = os.path.join(tmp, "cached.capi_machines.yml")
-            cache_dir = os.path.join(tmp, "cache")
-            config = {"plugin": "converged.hpc.capi_machines", "host": sim.url, "api_key": TOKEN,
+            config = {"plugin": "converged.hpc.capi_machines", "host": url, "api_key": TOKEN,
                       "page_size": args.page_size}
-            with open(plain, "w") as fh:
-                yaml.safe_dump(config, fh)
-            with open(cached_src, "w") as fh:
-                yaml.safe_dump(dict(config, cache=True, cache_timeout=3600, cache_plugin="ansible.builtin.jsonfile",
-                                    cache_connection=cache_dir), fh)
-            build(cached_src, cache=False)  # fills the cache (not timed)
-            builds, fetches, cached = [], [], []
-            hosts = 0
-            for dummy in range(args.repeat):
-                t = time.perf_counter()
-                assert fetch_only(sim.url, args.page_size) == 3 * n
-                fetches.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                hosts = build(plain, cache=False)
-                builds.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                assert build(cached_src, cache=True) == hosts
-                cached.append(time.perf_counter() - t)
-            b, f, c = min(builds), min(fetches), min(cached)
-            print("%8d  %9.2f  %9.2f  %6.2f  %9.2f  %d" % (n, b, f, b / f, c, hosts), flush=True)
+            sources = {}
+            for name, extra in (("lean", {}), ("full", {"hostvars": "full"}), ("never", {"metal3": "never"}),
+                                ("cached", {"cache": True, "cache_timeout": 3600,
+                                            "cache_plugin": "ansible.builtin.jsonfile",
+                                            "cache_connection": os.path.join(tmp, "cache")})):
+                sources[name] = os.path.join(tmp, "%s.capi_machines.yml" % name)
+                with open(sources[name], "w") as fh:
+                    yaml.safe_dump(dict(config, **extra), fh)
+            hosts = build(sources["cached"], cache=False)  # fills the cache (not timed)
+            assert hosts == n, (hosts, n)
+            floor = best(lambda: fetch_only(url, args.page_size), args.repeat)
+            lean = best(lambda: build(sources["lean"], cache=False), args.repeat)
+            full = best(lambda: build(sources["full"], cache=False), args.repeat)
+            cached = best(lambda: build(sources["cached"], cache=True), args.repeat)
+            m_floor = best(lambda: fetch_only(url, args.page_size, KINDS[:1]), args.repeat)
+            peer = best(lambda: fetch_only(url, 0, KINDS[:1]), args.repeat)
+            m_build = best(lambda: build(sources["never"], cache=False), args.repeat)
+            row = (floor, lean, lean / floor, full, cached, m_floor, peer, m_build)
+            print("%8d" % n + "".join("%9.2f" % v for v in row) + "%9d" % hosts, flush=True)
+            if n == sizes[-1]:
+                for name, what in (("lean", "lean hostvars"), ("full", "full hostvars"),
+                                   ("never", "lean hostvars, metal3: never"), ("peer", "the plain script")):
+                    secs, size = cli_peer(tmp, url) if name == "peer" else cli_list(sources[name])
+                    print("  ansible-inventory --list, %s: %.2f s, %.1f MB: %.0f us and %d bytes a host"
+                          % (what, secs, size / 1e6, secs / n * 1e6, size // n), flush=True)
         finally:
-            sim.stop()
+            server.stdin.close()
+            server.wait(timeout=60)
             shutil.rmtree(tmp, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
