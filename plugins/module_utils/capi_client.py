@@ -190,12 +190,13 @@ class CapiReader:
         self.requests = 0
         self.look_ahead = True
         self._lock = threading.Lock()
-        self._executor = None
+        self._executors = {}
 
     def close(self):
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        for name in ("lists", "ahead"):
+            executor = self._executors.pop(name, None)
+            if executor is not None:
+                executor.shutdown(wait=True)
         try:
             self.api_client.close()
         except Exception:  # pragma: no cover - best effort
@@ -331,7 +332,8 @@ class CapiReader:
             if self.look_ahead:
                 next_token = continue_token(body)
                 if next_token:
-                    ahead = (next_token, self._pool().submit(self.request, path, dict(query, **{"continue": next_token})))
+                    ahead = (next_token, self._pool("ahead").submit(self.request, path,
+                                                                    dict(query, **{"continue": next_token})))
             try:
                 data = json.loads(body)
             except ValueError:
@@ -346,7 +348,7 @@ class CapiReader:
     def list_many(self, lists):
         """Several lists at once, each in a thread of its own: {key: (args, kwargs)} -> {key: items or
         the CapiApiError it raised}. The server works on them in parallel."""
-        futures = {key: self._pool().submit(self.list, *args, **kwargs) for key, (args, kwargs) in lists.items()}
+        futures = {key: self._pool("lists").submit(self.list, *args, **kwargs) for key, (args, kwargs) in lists.items()}
         out = {}
         for key, future in futures.items():
             try:
@@ -355,8 +357,10 @@ class CapiReader:
                 out[key] = exc
         return out
 
-    def _pool(self):
+    def _pool(self, name):
+        """Lists and look-aheads have pools of their own: a list waits for its look-ahead, which
+        must never queue behind lists (many namespaces would fill a shared pool with lists)."""
         with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="capi-list")
-            return self._executor
+            if name not in self._executors:
+                self._executors[name] = ThreadPoolExecutor(max_workers=8, thread_name_prefix="capi-" + name)
+            return self._executors[name]

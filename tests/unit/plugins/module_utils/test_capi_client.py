@@ -106,3 +106,13 @@ def test_several_lists_at_once_each_with_its_own_answer(sim):
         rd.close()
     assert len(out["machines"]) == 10
     assert isinstance(out["bmh"], CapiApiError) and "403 Forbidden" in str(out["bmh"])
+
+
+def test_many_lists_with_look_aheads_never_wait_on_each_other(sim):
+    """More lists than a pool has threads, every one with pages to look ahead for."""
+    rd = reader(sim, page_size=1)
+    try:
+        out = rd.list_many({i: ((G, V, "machines"), {}) for i in range(12)})
+    finally:
+        rd.close()
+    assert all(len(items) == 10 for items in out.values())
