@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark: site.yml first converge and idempotent second converge, through the
-# CAPI inventory, on fresh lab machines. Default: 1+2 and 1+6 machines, prebaked.
+# CAPI inventory, on fresh lab machines, and beside them an empty play on the same
+# hosts (one ping each, through the same inventory): the floor a second converge is
+# compared with. Default: 1+2 and 1+6 machines, prebaked.
 #
 #   bench/converge.sh                    # sizes "2 6", prebaked
 #   SIZES="2" FLAVOURS="stock prebaked" bench/converge.sh
@@ -32,13 +34,20 @@ for flavour in $FLAVOURS; do
     t2=$(now)
     changed=$(grep -E ' : ok=' "$LAB_STATE/logs/bench-second.log" | sed -E 's/.*changed=([0-9]+).*/\1/' \
       | awk '{s += $1} END {print s + 0}')
-    first=$(secs "$t0" "$t1"); second=$(secs "$t1" "$t2")
-    echo "   first converge ${first} s, second ${second} s (changed on the second run: $changed)"
-    results+=("$(printf '%-9s %8s %14s %15s %10s' "$flavour" "1+$n" "$first" "$second" "$changed")")
+    printf -- '- name: An empty play\n  hosts: all\n  gather_facts: false\n  tasks:\n    - name: Reach the host\n      ansible.builtin.ping:\n' \
+      >"$LAB_STATE/empty.yml"
+    t3=$(now)
+    ansible-playbook -i "$inv" "$LAB_STATE/empty.yml" >"$LAB_STATE/logs/bench-empty.log" 2>&1 \
+      || { tail -n 30 "$LAB_STATE/logs/bench-empty.log"; exit 1; }
+    t4=$(now)
+    first=$(secs "$t0" "$t1"); second=$(secs "$t1" "$t2"); empty=$(secs "$t3" "$t4")
+    ratio=$(awk -v a="$second" -v b="$empty" 'BEGIN {printf "%.1f", a / b}')
+    echo "   first converge ${first} s, second ${second} s (changed on the second run: $changed), empty play ${empty} s"
+    results+=("$(printf '%-9s %8s %14s %15s %10s %10s %8s' "$flavour" "1+$n" "$first" "$second" "$changed" "$empty" "$ratio")")
   done
 done
 LAB_FLAVOUR=prebaked lab/lab.sh down >/dev/null
 echo
 echo "converge benchmark (2-core machine; anchors from the thesis: 38.74 s per node prebaked, 267.59 s stock)"
-printf '%-9s %8s %14s %15s %10s\n' flavour machines "first (s)" "second (s)" changed
+printf '%-9s %8s %14s %15s %10s %10s %8s\n' flavour machines "first (s)" "second (s)" changed "empty (s)" "2nd/empty"
 printf '%s\n' "${results[@]}"
