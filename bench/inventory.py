@@ -130,10 +130,10 @@ def build(source, cache):
     return len(inv.hosts)
 
 
-def cli_list(source):
+def cli_list(source, plugin="converged.hpc.capi_machines"):
     """ansible-inventory --list into a file: (seconds, bytes)."""
     out = source + ".json"
-    env = dict(os.environ, ANSIBLE_INVENTORY_ENABLED="converged.hpc.capi_machines")
+    env = dict(os.environ, ANSIBLE_INVENTORY_ENABLED=plugin)
     t = time.perf_counter()
     subprocess.run(["ansible-inventory", "-i", source, "--list", "--output", out], check=True, env=env,
                    stdout=subprocess.DEVNULL)
@@ -162,12 +162,7 @@ def cli_peer(tmp, url):
     with open(script, "w") as fh:
         fh.write(PEER % (sys.executable, url, TOKEN))
     os.chmod(script, 0o755)
-    out = script + ".json"
-    env = dict(os.environ, ANSIBLE_INVENTORY_ENABLED="ansible.builtin.script")
-    t = time.perf_counter()
-    subprocess.run(["ansible-inventory", "-i", script, "--list", "--output", out], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t, os.path.getsize(out)
+    return cli_list(script, "ansible.builtin.script")
 
 
 def best(fn, repeat):
