@@ -337,18 +337,17 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 infra_version = reader.preferred_version(INFRA_GROUP)
                 bmh_version = reader.preferred_version(METAL3_GROUP)
             except CapiApiError as exc:
-                infra_version = bmh_version = None
                 metal3_error = exc
-            if metal3_error is None and (infra_version is None or bmh_version is None):
-                metal3_error = CapiApiError("Metal3 is not installed at %s (metal3=always)" % reader.host)
-                if mode != "always":
-                    metal3_error, mode = None, "never"  # not installed: nothing to warn about
-            if metal3_error is None and mode != "never":
-                for ns in namespaces:
-                    lists[("metal3machines", ns)] = ((INFRA_GROUP, infra_version, "metal3machines", ns),
-                                                     {"transform": _trim_m3m})
-                    lists[("baremetalhosts", ns)] = ((METAL3_GROUP, bmh_version, "baremetalhosts", ns),
-                                                     {"transform": _trim_bmh})
+            else:
+                if infra_version and bmh_version:
+                    for ns in namespaces:
+                        lists[("metal3machines", ns)] = ((INFRA_GROUP, infra_version, "metal3machines", ns),
+                                                         {"transform": _trim_m3m})
+                        lists[("baremetalhosts", ns)] = ((METAL3_GROUP, bmh_version, "baremetalhosts", ns),
+                                                         {"transform": _trim_bmh})
+                elif mode == "always":
+                    metal3_error = CapiApiError("Metal3 is not installed at %s (metal3=always)" % reader.host)
+                # not installed and metal3=auto: nothing to list, nothing to warn about
         # the three kinds at once: the server lists them in parallel while this process decodes
         results = reader.list_many(lists)
         objects = {"machines": [], "metal3machines": [], "baremetalhosts": [],
