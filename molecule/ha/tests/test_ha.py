@@ -1,6 +1,7 @@
-"""Two controllers and a VIP: the VIP on the primary, Slurm through the VIP, then the primary's
-container killed while a job runs and another waits (the backup takes over, both jobs complete),
-then the primary back (it takes control again, the VIP follows, never on two hosts)."""
+"""Two controllers and a VIP: the VIP on the primary, Slurm through the VIP, the takeover script
+leaving a live primary alone, then the primary's container killed while a job runs and another
+waits (the backup gets the VIP and asks for control at once, both jobs complete), then the primary
+back (it takes control again, the VIP follows, never on two hosts)."""
 
 import os
 import re
@@ -59,7 +60,8 @@ def test_configuration_of_both_controllers_and_the_nodes():
     for ctl in (CTL1, CTL2):
         conf = on(ctl, "cat /etc/slurm/slurm.conf").stdout
         assert "SlurmctldHost=mol-ha-ctl1(10.89.95.11)\nSlurmctldHost=mol-ha-ctl2(10.89.95.12)" in conf
-        assert "StateSaveLocation=/srv/shared/slurm-state" in conf and "SlurmctldTimeout=10" in conf
+        # the default SlurmctldTimeout: the failover below is the takeover script's, not the timeout's
+        assert "StateSaveLocation=/srv/shared/slurm-state" in conf and "SlurmctldTimeout=120" in conf
         assert on(ctl, "stat -c '%a %U' /etc/keepalived/keepalived.conf").stdout.split() == ["640", "root"]
         assert on(ctl, "systemctl is-active keepalived slurmctld").stdout.split() == ["active", "active"]
     assert "priority 150" in on(CTL1, "cat /etc/keepalived/keepalived.conf").stdout
@@ -78,6 +80,71 @@ def test_vip_on_the_primary_and_slurm_answers_through_it():
     assert sorted(line for line in out if line) == ["mol-ha-cn1 idle", "mol-ha-cn2 idle"]
 
 
+SCRIPT = "/usr/local/libexec/converged-hpc/keepalived-slurmctld-control"
+
+
+def control_log(machine, since=0):
+    """The control script's log on this controller since the epoch time `since`."""
+    return on(machine, "journalctl -t converged-hpc-control --since @%d --no-pager -o cat" % since,
+              check=False).stdout
+
+
+def slurmctld_pid(machine):
+    return on(machine, "systemctl show -p MainPID --value slurmctld").stdout.strip()
+
+
+def takeovers(machine):
+    """How many takeover requests this controller's slurmctld has processed."""
+    return on(machine, "grep -c REQUEST_TAKEOVER /var/log/slurm/slurmctld.log || true").stdout.strip()
+
+
+def in_control_since(machine, since):
+    """Seconds from the epoch time `since` to this controller's first "Running as primary
+    controller" after it, from its slurmctld log; None if not yet."""
+    lines = on(machine, "grep 'Running as primary controller' /var/log/slurm/slurmctld.log || true").stdout
+    for stamp in re.findall(r"^\[([0-9T:.-]+)\]", lines, re.M):
+        at = float(on(machine, "date -d '%s' +%%s.%%N" % stamp).stdout)
+        if at >= since:
+            return at - since
+    return None
+
+
+def test_the_takeover_script_leaves_a_live_primary_in_control():
+    before, started = takeovers(CTL2), time.time() - 1
+    on(CTL1, SCRIPT + " takeover")
+    on(CTL2, SCRIPT + " takeover")
+    assert "this host is the primary controller: Slurm gives it control, no takeover" in control_log(CTL1, started)
+    assert ("controller mol-ha-ctl1 still accepts connections on 6817: Slurm decides (SlurmctldTimeout), no takeover"
+            in control_log(CTL2, started))
+    assert takeovers(CTL2) == before
+    ping = on(CN1, "scontrol ping").stdout
+    assert "Slurmctld(primary) at mol-ha-ctl1 is UP" in ping and "Slurmctld(backup) at mol-ha-ctl2 is UP" in ping
+
+
+def test_a_backup_that_stops_answering_is_restarted_the_primary_never():
+    primary, backup, started = slurmctld_pid(CTL1), slurmctld_pid(CTL2), time.time() - 1
+    # a primary that does not answer is Slurm's business (the backup takes over), never restarted
+    on(CTL1, "kill -STOP %s" % primary)
+    try:
+        on(CTL1, SCRIPT + " standby 10", timeout=90)
+    finally:
+        on(CTL1, "kill -CONT %s" % primary)
+    assert slurmctld_pid(CTL1) == primary and "standby" not in control_log(CTL1, started)
+    # a backup hung in standby (here: stopped) is restarted once the primary is seen answering
+    on(CTL2, "kill -STOP %s" % backup)
+    try:
+        on(CTL2, SCRIPT + " standby 10", timeout=90)
+    finally:
+        on(CTL2, "kill -CONT %s" % backup, check=False)
+    log = control_log(CTL2, started)
+    assert ("standby: slurmctld here has not answered a ping for 10 s while mol-ha-ctl1 is up: restarting it" in log
+            and "standby: slurmctld restarted" in log), log
+    assert slurmctld_pid(CTL2) not in ("0", backup)
+    wait_for("both controllers UP", lambda: on(CN1, "scontrol ping", check=False).stdout.count("is UP") == 2,
+             timeout=60)
+    assert "Slurmctld(primary) at mol-ha-ctl1 is UP" in on(CN1, "scontrol ping").stdout
+
+
 def test_primary_killed_while_jobs_run_and_wait_no_job_lost():
     running = on(CN1, "cd /tmp && sbatch --parsable --nodes=2 --exclusive --output=/dev/null "
                       "--wrap 'srun sleep 25'").stdout.strip()
@@ -90,16 +157,23 @@ def test_primary_killed_while_jobs_run_and_wait_no_job_lost():
     seen = float(on(CTL1, "date +%s.%N").stdout)
     wait_for("the primary saving the jobs", lambda: float(
         on(CTL1, "stat -c %.Y /srv/shared/slurm-state/job_state").stdout) > seen, timeout=30, interval=0.2)
-    killed = time.monotonic()
+    killed, killed_at = time.monotonic(), time.time()
     podman("kill", CTL1)
     vip_moved = wait_for("the VIP on the backup", lambda: holds_vip(CTL2), timeout=60, interval=0.2)
-    in_control = wait_for(
-        "the backup answering as controller",
-        lambda: "Slurmctld(backup) at mol-ha-ctl2 is UP" in on(CN1, "scontrol ping", check=False).stdout
-        and on(CN1, "timeout 5 squeue --noheader", check=False).returncode == 0,
-        timeout=90, interval=0.2)
-    record("ha failover: primary killed -> VIP on backup %.1f s, backup answers scontrol ping and serves %.1f s"
-           % (vip_moved, in_control))
+    # SlurmctldTimeout is 120 s: control within 60 s is the takeover script's doing
+    wait_for("the backup in control", lambda: in_control_since(CTL2, killed_at) is not None, timeout=60, interval=0.2)
+    in_control = in_control_since(CTL2, killed_at)
+    log = control_log(CTL2, killed_at)
+    assert "no controller ahead (mol-ha-ctl1) accepts connections on 6817: scontrol takeover 1" in log, log
+    assert "scontrol takeover 1: requested" in log, log
+    # a client (both SlurmctldHost lines: it tries the dead primary first, TCPTimeout 2 s) gets
+    # an answer: timed when squeue returns
+    wait_for("a client served by the backup", lambda: on(CN1, "timeout 5 squeue --noheader", check=False).returncode == 0,
+             timeout=60, interval=0.1)
+    serving = time.monotonic() - killed
+    assert "Slurmctld(backup) at mol-ha-ctl2 is UP" in on(CN1, "scontrol ping", check=False).stdout
+    record("ha failover: primary killed -> VIP on backup %.1f s, backup in control %.1f s, a client's squeue answered %.1f s"
+           % (vip_moved, in_control, serving))
     wait_for("running job %s completed" % running, lambda: job_state(running)[0] == "COMPLETED", timeout=90)
     wait_for("queued job %s completed" % queued, lambda: job_state(queued)[0] == "COMPLETED", timeout=90)
     assert job_state(running) == ("COMPLETED", "0:0") and job_state(queued) == ("COMPLETED", "0:0")
@@ -121,8 +195,14 @@ def test_primary_returns_takes_control_and_the_vip_never_sits_on_two_hosts():
     assert samples[-1] == (True, False), "the VIP did not return to the primary: %s" % samples[-5:]
     record("ha return: primary started -> VIP back on it %.1f s, %d samples, never on both"
            % (time.monotonic() - started, len(samples)))
+    # the backup answers as a standby again, by itself or restarted by its standby watch
+    # (Slurm 22.05 can leave it hung after handing control back: docs/ha.md)
     wait_for("both controllers UP", lambda: on(CN1, "scontrol ping", check=False).stdout.count("is UP") == 2,
-             timeout=60)
+             timeout=150)
+    watch = [line for line in control_log(CTL2, time.time() - (time.monotonic() - started) - 1).splitlines()
+             if line.startswith("standby:")]
+    record("ha return: both controllers UP %.1f s after the primary started; the backup's standby watch: %s"
+           % (time.monotonic() - started, "; ".join(watch) or "nothing to do"))
     # the backup handed control back (Slurm's own rule: a live primary is in control)
     assert "REQUEST_CONTROL" in on(CTL2, "journalctl -u slurmctld --no-pager -n 200").stdout
     job = on(CN1, "cd /tmp && timeout 120 sbatch --wait --parsable --nodes=2 --output=/dev/null "
