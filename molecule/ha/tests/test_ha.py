@@ -1,7 +1,8 @@
-"""Two controllers and a VIP: the VIP on the primary, Slurm through the VIP, the takeover script
-leaving a live primary alone, then the primary's container killed while a job runs and another
-waits (the backup gets the VIP and asks for control at once, both jobs complete), then the primary
-back (it takes control again, the VIP follows, never on two hosts)."""
+"""Two controllers and a VIP: the VIP on the primary, Slurm through the VIP, the control script
+leaving a live primary alone and restarting a hung backup, then the primary's container killed
+while a job runs and another waits (the backup gets the VIP and asks for control at once, both
+jobs complete), then the primary back (it takes control again, the VIP follows, never on two
+hosts)."""
 
 import os
 import re
@@ -89,6 +90,10 @@ def control_log(machine, since=0):
               check=False).stdout
 
 
+def both_controllers_up():
+    return on(CN1, "scontrol ping", check=False).stdout.count("is UP") == 2
+
+
 def slurmctld_pid(machine):
     return on(machine, "systemctl show -p MainPID --value slurmctld").stdout.strip()
 
@@ -140,8 +145,7 @@ def test_a_backup_that_stops_answering_is_restarted_the_primary_never():
     assert ("standby: slurmctld here has not answered a ping for 10 s while mol-ha-ctl1 is up: restarting it" in log
             and "standby: slurmctld restarted" in log), log
     assert slurmctld_pid(CTL2) not in ("0", backup)
-    wait_for("both controllers UP", lambda: on(CN1, "scontrol ping", check=False).stdout.count("is UP") == 2,
-             timeout=60)
+    wait_for("both controllers UP", both_controllers_up, timeout=60)
     assert "Slurmctld(primary) at mol-ha-ctl1 is UP" in on(CN1, "scontrol ping").stdout
 
 
@@ -182,7 +186,7 @@ def test_primary_killed_while_jobs_run_and_wait_no_job_lost():
 
 
 def test_primary_returns_takes_control_and_the_vip_never_sits_on_two_hosts():
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time() - 1
     podman("start", CTL1)
     samples = []
     while time.monotonic() - started < 40:
@@ -197,10 +201,8 @@ def test_primary_returns_takes_control_and_the_vip_never_sits_on_two_hosts():
            % (time.monotonic() - started, len(samples)))
     # the backup answers as a standby again, by itself or restarted by its standby watch
     # (Slurm 22.05 can leave it hung after handing control back: docs/ha.md)
-    wait_for("both controllers UP", lambda: on(CN1, "scontrol ping", check=False).stdout.count("is UP") == 2,
-             timeout=150)
-    watch = [line for line in control_log(CTL2, time.time() - (time.monotonic() - started) - 1).splitlines()
-             if line.startswith("standby:")]
+    wait_for("both controllers UP", both_controllers_up, timeout=150)
+    watch = [line for line in control_log(CTL2, started_at).splitlines() if line.startswith("standby:")]
     record("ha return: both controllers UP %.1f s after the primary started; the backup's standby watch: %s"
            % (time.monotonic() - started, "; ".join(watch) or "nothing to do"))
     # the backup handed control back (Slurm's own rule: a live primary is in control)
