@@ -226,10 +226,52 @@ def test_a_node_type_without_a_partition_fails_before_any_change(lab):
 
 
 def test_second_converge_changes_nothing(lab):
-    res = LAB.playbook("site.yml")
+    # the roles themselves: the fast path off, every task runs again and changes nothing
+    res = LAB.playbook("site.yml", "converged_skip_unchanged=false")
     assert res.returncode == 0, res.stdout[-3000:]
+    assert "converging in full (converged_skip_unchanged is false)" in res.stdout
     recap = res.stdout[res.stdout.rindex("PLAY RECAP"):]
     assert len(re.findall(r"changed=0 ", recap)) == 5 and not re.search(r"changed=[1-9]", recap), recap
+
+
+NOTHING_TO_DO = "every host is as the last converge left it, with the same inputs: nothing to do"
+HOOK = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/converged-hpc"
+
+
+def role_tasks(stdout):
+    """The tasks of the collection's roles a run started (the contract's aside)."""
+    return [t for t in re.findall(r"^TASK \[(converged\.hpc\.\w+) : ", stdout, re.M) if t != "converged.hpc.converged"]
+
+
+def test_an_unchanged_cluster_is_left_after_one_check(lab):
+    res = LAB.playbook("site.yml")
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert NOTHING_TO_DO in res.stdout
+    assert role_tasks(res.stdout) == [] and "Gather the minimal facts" not in res.stdout
+    recap = res.stdout[res.stdout.rindex("PLAY RECAP"):]
+    assert len(re.findall(r"changed=0 ", recap)) == 5 and not re.search(r"changed=[1-9]", recap), recap
+
+
+def test_drift_on_any_host_converges_everything_again(lab):
+    on(CN, "echo '# drift' >> /etc/default/slurmd")          # a file a role writes
+    on(CTL, "systemctl stop sssd")                              # a service a role runs
+    kube().patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machines", GPU,
+                                          {"metadata": {"annotations": {HOOK: None}}})  # our hook, taken off
+    res = LAB.playbook("site.yml")
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert NOTHING_TO_DO not in res.stdout and "converging in full" in res.stdout
+    assert "%s: /etc/default/slurmd changed" % CN in res.stdout
+    assert "%s: unit sssd is loaded/inactive/enabled (was loaded/active/enabled)" % CTL in res.stdout
+    assert "%s: the Machine lacks the deletion hook" % GPU in res.stdout
+    assert "converged.hpc.slurm_controller" in role_tasks(res.stdout)  # every host, not only the three
+    # repaired: the file rendered again (slurmd restarted), sssd running, the hook back
+    assert "# drift" not in on(CN, "cat /etc/default/slurmd").stdout
+    assert on(CTL, "systemctl is-active sssd").stdout.strip() == "active"
+    machine = kube().get_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machines", GPU)
+    assert machine["metadata"]["annotations"].get(HOOK) == "converged-hpc"
+    assert on(CTL, "sinfo --noheader --Node --format '%%N %%t' --nodes %s" % CN).stdout.split() == [CN, "idle"]
+    res = LAB.playbook("site.yml")
+    assert res.returncode == 0 and NOTHING_TO_DO in res.stdout, res.stdout[-3000:]
 
 
 def test_a_gpu_node_added_by_its_machine_deployment_joins_with_its_gpus(lab):
