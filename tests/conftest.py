@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -71,6 +72,19 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_module(name, args, bindir, check_mode=False, **env):
+    """Run the collection's module `name` as Ansible would (its arguments on stdin), with the stand-in
+    commands in bindir first on PATH and env added to the environment; its JSON result."""
+    args = dict(args)
+    if check_mode:
+        args["_ansible_check_mode"] = True
+    environ = dict(os.environ, PATH=str(bindir) + os.pathsep + os.environ["PATH"], PYTHONPATH=COLLECTIONS, **env)
+    proc = subprocess.run([sys.executable, "-m", "ansible_collections.converged.hpc.plugins.modules." + name],
+                          input=json.dumps({"ANSIBLE_MODULE_ARGS": args}), capture_output=True, text=True,
+                          env=environ, cwd=REPO, timeout=60, check=False)
+    return json.loads(proc.stdout)
 
 
 def ansible_env(**extra):

@@ -88,10 +88,11 @@ _RUN_KEYS = frozenset((
     "inventory_file", "inventory_dir", "playbook_dir", "ansible_parent_role_names", "ansible_parent_role_paths",
     # the fast path's own switch: a run in full records the digest a default run compares with
     "converged_skip_unchanged",
+    # an Event-Driven Ansible event, new in every job
+    "ansible_eda",
 ))
-# AWX's own extra variables (the job's id, user, template, webhook...) and an EDA event: new in every job
+# AWX's own extra variables (the job's id, user, template, webhook...): new in every job
 _RUN_PREFIXES = ("ansible_play_", "awx_", "tower_")
-_RUN_KEYS = _RUN_KEYS | {"ansible_eda"}
 # groups a run makes for itself (the contract's own groups follow from the inventory and stay in)
 _RUN_GROUPS = ("converged_new", "converged_repair", "converged_live_controller", "converged_unchanged",
                "converged_leaving", "converged_leaving_compute")

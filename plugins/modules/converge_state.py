@@ -145,8 +145,7 @@ def fingerprint_paths(trees, stat_only):
         if not stat.S_ISDIR(st.st_mode):
             continue
         for root, dirs, files in os.walk(top):
-            dirs.sort()
-            for name in sorted(dirs) + sorted(files):
+            for name in dirs + files:
                 path = os.path.join(root, name)
                 st = _lstat(path)
                 if st is not None:

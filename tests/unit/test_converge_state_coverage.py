@@ -85,8 +85,6 @@ def role_writes():
 def test_every_file_a_role_writes_is_fingerprinted(family):
     variables = role_vars(family)
     spec = _load(os.path.join(REPO, "playbooks", "vars", "converge_state.yml"))
-    variables.update({"nfs_server_exports": variables["nfs_server_exports"],
-                      "nfs_client_mounts": variables["nfs_client_mounts"]})
     trees = [render(t, variables) for t in spec["_converged_state_trees"]]
     stat_only = render(spec["_converged_state_stat_only"], variables)
     assert all(os.path.isabs(p) for p in trees + stat_only), trees + stat_only

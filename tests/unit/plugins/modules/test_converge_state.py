@@ -5,12 +5,10 @@ difference it must see, and its check mode, run quickly."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import COLLECTIONS, REPO
+from conftest import run_module
 
 FAKE_SYSTEMCTL = r'''#!/usr/bin/env python3
 import json, os, sys
@@ -46,15 +44,7 @@ def host(tmp_path):
             "stat_only": [str(spool)], "units": ["munge", "slurmd", "sssd"], "stamp": str(stamp)}
 
     def run(check_mode=False, **params):
-        args = dict(base, **params)
-        if check_mode:
-            args["_ansible_check_mode"] = True
-        env = dict(os.environ, PATH=str(bindir) + os.pathsep + os.environ["PATH"], FAKE_UNITS=str(units),
-                   PYTHONPATH=COLLECTIONS)
-        proc = subprocess.run([sys.executable, "-m", "ansible_collections.converged.hpc.plugins.modules.converge_state"],
-                              input=json.dumps({"ANSIBLE_MODULE_ARGS": args}), capture_output=True, text=True,
-                              env=env, cwd=REPO, timeout=60, check=False)
-        return json.loads(proc.stdout)
+        return run_module("converge_state", dict(base, **params), bindir, check_mode, FAKE_UNITS=str(units))
 
     run.etc, run.spool, run.units, run.stamp, run.tmp = etc, spool, units, stamp, tmp_path
     return run

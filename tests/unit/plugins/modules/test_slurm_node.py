@@ -5,13 +5,10 @@ check mode) runs quickly and deterministically.
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import COLLECTIONS, REPO
+from conftest import run_module
 
 from ansible_collections.converged.hpc.plugins.module_utils.slurm_text import parse_node
 
@@ -93,15 +90,7 @@ def fake(tmp_path):
             norequeue=()):
         state.write_text(json.dumps({"nodes": nodes or {}, "jobs": jobs or {}, "finish_after": finish_after,
                                      "fail": fail or {}, "hold_state": hold_state, "norequeue": list(norequeue)}))
-        args = dict(params, poll=0.01)
-        if check_mode:
-            args["_ansible_check_mode"] = True
-        env = dict(os.environ, PATH=str(bindir) + os.pathsep + os.environ["PATH"], FAKE_SLURM=str(state),
-                   PYTHONPATH=COLLECTIONS)
-        proc = subprocess.run([sys.executable, "-m", "ansible_collections.converged.hpc.plugins.modules.slurm_node"],
-                              input=json.dumps({"ANSIBLE_MODULE_ARGS": args}), capture_output=True, text=True,
-                              env=env, cwd=REPO, timeout=60, check=False)
-        out = json.loads(proc.stdout)
+        out = run_module("slurm_node", dict(params, poll=0.01), bindir, check_mode, FAKE_SLURM=str(state))
         return out, json.loads(state.read_text())
 
     return run
