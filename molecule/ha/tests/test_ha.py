@@ -10,6 +10,7 @@ import subprocess
 import time
 
 CTL1, CTL2 = "mol-ha-ctl1", "mol-ha-ctl2"
+CTL1_ADDRESS = "10.89.95.11"
 CN1, CN2 = "mol-ha-cn1", "mol-ha-cn2"
 VIP = "10.89.95.254"
 ENV = dict(os.environ, CONTAINERS_CONF=os.path.join(os.environ.get("MOLECULE_PROJECT_DIRECTORY", "."), "lab",
@@ -116,12 +117,15 @@ def in_control_since(machine, since):
 
 def test_the_takeover_script_leaves_a_live_primary_in_control():
     before, started = takeovers(CTL2), time.time() - 1
+    # a route a killed takeover left (type unreachable, protocol 147) goes with the next run
+    on(CTL2, "ip route add unreachable 192.0.2.1 proto 147")
     on(CTL1, SCRIPT + " takeover")
     on(CTL2, SCRIPT + " takeover")
     assert "this host is the primary controller: Slurm gives it control, no takeover" in control_log(CTL1, started)
     assert ("controller mol-ha-ctl1 still accepts connections on 6817: Slurm decides (SlurmctldTimeout), no takeover"
             in control_log(CTL2, started))
     assert takeovers(CTL2) == before
+    assert on(CTL2, "ip route show type unreachable").stdout.strip() == ""
     ping = on(CN1, "scontrol ping").stdout
     assert "Slurmctld(primary) at mol-ha-ctl1 is UP" in ping and "Slurmctld(backup) at mol-ha-ctl2 is UP" in ping
 
@@ -174,6 +178,13 @@ def test_primary_killed_while_jobs_run_and_wait_no_job_lost():
     log = control_log(CTL2, killed_at)
     assert "no controller ahead (mol-ha-ctl1) accepts connections on 6817: scontrol takeover 1" in log, log
     assert "scontrol takeover 1: requested" in log, log
+    # the dead primary's address answered nothing: routed as unreachable while the backup took
+    # over (Slurm's messages to it fail at once), and the route gone once the backup serves
+    fence = "takeover: %s did not answer at all: routed as unreachable here" % CTL1_ADDRESS
+    assert fence in log, log
+    wait_for("the fence lifted", lambda: "takeover: this host serves: unreachable routes removed" in control_log(
+        CTL2, killed_at), timeout=60, interval=0.2)
+    assert on(CTL2, "ip route show type unreachable").stdout.strip() == ""
     # a client (both SlurmctldHost lines: it tries the dead primary first, TCPTimeout 2 s) gets
     # an answer: timed when squeue returns
     wait_for("a client served by the backup", lambda: on(CN1, "timeout 5 squeue --noheader", check=False).returncode == 0,
