@@ -72,11 +72,10 @@ from ansible.plugins.lookup import LookupBase
 try:
     from ansible_collections.converged.hpc.plugins.module_utils.capi_client import (
         CapiApiError,
-        CapiReader,
-        build_configuration,
+        read_secret,
     )
 except ImportError:  # pragma: no cover - the module_utils ship with this plugin
-    CapiReader = None
+    read_secret = None
 
 # the run's options and Ansible's own bookkeeping, not inputs of the converge
 _RUN_KEYS = frozenset((
@@ -161,19 +160,12 @@ def inputs_digest(hosts, groups, version, trees):
 def secret_version(name, namespace, kubeconfig="", context=""):
     """'uid/resourceVersion' of a Secret, 'absent' when it does not exist; its data is dropped at once."""
     try:
-        configuration, headers = build_configuration(kubeconfig=kubeconfig or None, context=context or None)
-        reader = CapiReader(configuration, timeout=30, headers=headers)
-        try:
-            status, body = reader.request("/api/v1/namespaces/%s/secrets/%s" % (namespace, name))
-        finally:
-            reader.close()
+        secret = read_secret(name, namespace, kubeconfig, context)
     except CapiApiError as exc:
         raise AnsibleLookupError("cannot read Secret %s/%s: %s" % (namespace, name, exc))
-    if status == 404:
+    if secret is None:
         return "absent"
-    if status != 200:
-        raise AnsibleLookupError("cannot read Secret %s/%s: HTTP %s" % (namespace, name, status))
-    meta = (json.loads(body) or {}).get("metadata") or {}
+    meta = secret.get("metadata") or {}
     return "%s/%s" % (meta.get("uid"), meta.get("resourceVersion"))
 
 

@@ -22,7 +22,7 @@ import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 try:
     from urllib3 import HTTPHeaderDict
@@ -171,6 +171,23 @@ def build_configuration(**options):
         except Exception as exc:  # yaml errors and the like
             raise CapiApiError("cannot read kubeconfig %s: %s" % (where, scrub(str(exc).splitlines()[0], secrets)))
     return configuration, _create_headers(**{k: v for k, v in options.items() if k in AUTH_OPTIONS})
+
+
+def read_secret(name, namespace, kubeconfig=None, context=None, timeout=30):
+    """The Secret namespace/name as the API returns it (a dict), or None when it does not exist.
+    One GET, with the credentials kubernetes.core would use; failures raise CapiApiError."""
+    configuration, headers = build_configuration(kubeconfig=kubeconfig or None, context=context or None)
+    reader = CapiReader(configuration, timeout=timeout, headers=headers)
+    try:
+        status, body = reader.request("/api/v1/namespaces/%s/secrets/%s" % (quote(namespace, safe=""),
+                                                                            quote(name, safe="")))
+    finally:
+        reader.close()
+    if status == 404:
+        return None
+    if status != 200:
+        raise CapiApiError("HTTP %s: %s" % (status, _status_message(body)))
+    return json.loads(body)
 
 
 class CapiReader:

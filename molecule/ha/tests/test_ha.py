@@ -186,8 +186,10 @@ def test_primary_killed_while_jobs_run_and_wait_no_job_lost():
         CTL2, killed_at), timeout=60, interval=0.2)
     assert on(CTL2, "ip route show type unreachable").stdout.strip() == ""
     # a client (both SlurmctldHost lines: it tries the dead primary first, TCPTimeout 2 s) gets
-    # an answer: timed when squeue returns
-    wait_for("a client served by the backup", lambda: on(CN1, "timeout 5 squeue --noheader", check=False).returncode == 0,
+    # an answer: timed when squeue returns. One that asked the backup while it was still a
+    # standby sleeps SlurmctldTimeout / 2 before it asks again, so each try gets 3 s: 2 s for the
+    # dead primary, 1 s for the answer
+    wait_for("a client served by the backup", lambda: on(CN1, "timeout 3 squeue --noheader", check=False).returncode == 0,
              timeout=60, interval=0.1)
     serving = time.monotonic() - killed
     assert "Slurmctld(backup) at mol-ha-ctl2 is UP" in on(CN1, "scontrol ping", check=False).stdout
