@@ -22,6 +22,7 @@ def test_ticks_on_a_fixed_grid():
     asyncio.run(tick.main(out, {"interval": 1, "limit": 3, "name": "autoscale"}))
     assert [e["tick"]["index"] for _t, e in out.events] == [0, 1, 2]
     assert {e["tick"]["name"] for _t, e in out.events} == {"autoscale"}
+    assert {e["tick"]["interval"] for _t, e in out.events} == {1.0}  # autoscale.yml skips a stale tick by it
     offsets = [t - start for t, _e in out.events]
     assert offsets[0] < 0.5 and 0.9 < offsets[1] < 1.5 and 1.9 < offsets[2] < 2.5
 

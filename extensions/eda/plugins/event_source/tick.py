@@ -3,11 +3,12 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """converged.hpc.tick - an event every ``interval`` seconds, for rules that poll (the autoscaler).
 
-    {"tick": {"index": 3, "time": 1732350000.0, "name": "autoscale"}}
+    {"tick": {"index": 3, "time": 1732350000.0, "name": "autoscale", "interval": 60.0}}
 
 The first comes at once. ansible-rulebook runs a ruleset's actions one after another, so
-when a run lasts longer than the interval the ticks that came meanwhile start runs back to
-back: keep the interval above the playbook's run time (docs/autoscale.md).
+when a run lasts longer than the interval the ticks that came meanwhile wait behind it. Each
+carries its interval: a tick older than that when its run starts has a newer one queued
+behind it, and autoscale.yml ends such a run at once (docs/autoscale.md).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -19,7 +20,7 @@ DOCUMENTATION = r"""
 ---
 short_description: An event every interval seconds
 description:
-  - Emits C({"tick": {"index", "time", "name"}}) at once and then every O(interval) seconds.
+  - Emits C({"tick": {"index", "time", "name", "interval"}}) at once and then every O(interval) seconds.
 options:
   interval:
     description: Seconds between two events (default 60, at least 1).
@@ -67,7 +68,7 @@ async def main(queue, args):
     index = 0
     start = time.monotonic()
     while not limit or index < limit:
-        await queue.put({"tick": {"index": index, "time": time.time(), "name": name}})
+        await queue.put({"tick": {"index": index, "time": time.time(), "name": name, "interval": interval}})
         index += 1
         # on a fixed grid: a slow consumer does not stretch the interval
         await asyncio.sleep(max(0.0, start + index * interval - time.monotonic()))
