@@ -166,5 +166,7 @@ def test_the_autoscale_rulebook_ticks_the_autoscaler_and_still_reconciles(world,
         stop(proc)
     ticks = [e["tick"] for e in lines if "tick" in e]
     assert [t["index"] for t in ticks[:3]] == [0, 1, 2] and {t["name"] for t in ticks} == {"autoscale"}
+    # one stamp for the source (autoscale.yml records its full runs in it), emptied at its start
+    assert len({t["stamp"] for t in ticks}) == 1 and os.path.basename(ticks[0]["stamp"]) == "autoscale", ticks[0]
     machine_events = [e["capi_machines"] for e in lines if "capi_machines" in e]
     assert [m["name"] for m in machine_events[0]["machines"]] == ["cn-1"]

@@ -1,5 +1,6 @@
-"""autoscale.yml ends at once for a tick older than its interval (a newer one is queued behind it
-in ansible-rulebook), and runs in full for a fresh tick or without one (AWX, by hand)."""
+"""autoscale.yml ends at once for a tick that came before the start of its last full run (that run
+answered it; ticks queue behind long runs in ansible-rulebook), and runs in full for a tick after it,
+for the first tick, or without one (AWX, by hand). The tick source's stamp file holds that start."""
 
 import json
 import os
@@ -18,32 +19,56 @@ def run(event=None, tz=None):
                           + extra, cwd=REPO, env=env, capture_output=True, text=True, check=False)
 
 
-def tick(age):
-    return {"tick": {"index": 7, "time": time.time() - age, "name": "autoscale", "interval": 10.0}}
+def tick(stamp, age=0.0):
+    return {"tick": {"index": 7, "time": time.time() - age, "name": "autoscale", "interval": 10.0,
+                     "stamp": str(stamp)}}
 
 
-def test_a_stale_tick_ends_before_the_queue_is_read():
-    res = run(tick(age=25))
+def ran_in_full(res):
+    # no controller in this inventory: a full run gets as far as saying so, after the contract and the ping
+    return res.returncode == 2 and "no Slurm controller answers (none in the inventory)" in res.stdout
+
+
+def test_a_tick_a_full_run_has_answered_ends_before_anything_is_read(tmp_path):
+    stamp = tmp_path / "stamp"
+    stamp.write_text("%f\n" % (time.time() - 5))
+    res = run(tick(stamp, age=25))
     assert res.returncode == 0, res.stdout[-3000:]
-    assert "tick 7 waited 2" in res.stdout and "more than its interval of 10.0 s: a newer tick is queued" in res.stdout
+    assert "tick 7 came 2" in res.stdout and "before the run that started 5" in res.stdout, res.stdout[-3000:]
     assert "Read Slurm's queue and nodes" not in res.stdout and "Fail when no controller answers" not in res.stdout
-    # the contract and the controllers' ping are skipped too: a stale tick costs ansible-playbook's start only
+    # the contract and the controllers' ping are skipped too: such a tick costs ansible-playbook's start only
     assert "included: converged.hpc.converged" not in res.stdout and "ok: [localhost] => (item=" not in res.stdout
+    assert float(stamp.read_text()) < time.time() - 4  # not a full run: the stamp stays
 
 
-def test_a_fresh_tick_or_none_runs_in_full():
-    # this inventory has no controller: a run in full reaches the check and fails on it
-    for res in (run(tick(age=0)), run()):
-        assert res.returncode == 2, res.stdout[-3000:]
-        assert "newer tick is queued" not in res.stdout
-        assert "no Slurm controller answers (none in the inventory)" in res.stdout
+def test_the_first_tick_and_every_tick_after_a_full_runs_start_run_in_full(tmp_path):
+    stamp = tmp_path / "stamp"
+    stamp.write_text("")  # as the source makes it
+    first = run(tick(stamp, age=40))  # however late: no full run has answered it
+    assert ran_in_full(first) and "this run ends" not in first.stdout, first.stdout[-3000:]
+    started = float(stamp.read_text())
+    assert abs(started - time.time()) < 30
+    # a tick that came after that start runs in full however long it waited; one before it does not
+    later = {"tick": dict(tick(stamp)["tick"], time=started + 0.5)}
+    assert ran_in_full(run(later)) and float(stamp.read_text()) > started
+    assert run({"tick": dict(tick(stamp)["tick"], time=started)}).returncode == 0
 
 
-def test_the_age_of_a_tick_does_not_depend_on_the_time_zone():
-    # the tick source stamps time.time(); a control node whose local time is not UTC decides alike
+def test_without_a_stamp_or_a_tick_every_run_is_in_full(tmp_path):
+    gone = tmp_path / "removed-by-the-stopped-source"
+    for res in (run(), run(tick(gone, age=30)), run({"tick": {"index": 1, "time": time.time(), "interval": 10.0}})):
+        assert ran_in_full(res) and "this run ends" not in res.stdout, res.stdout[-3000:]
+    assert not gone.exists()  # a stamp is never made by the playbook
+
+
+def test_the_stamp_does_not_depend_on_the_time_zone(tmp_path):
+    # the tick source stamps time.time(); a control node whose local time is not UTC records the same epoch
     # (POSIX TZ strings: no tzdata needed)
     for tz in ("XST5", "YST-9"):
-        stale, fresh = run(tick(age=25), tz=tz), run(tick(age=0), tz=tz)
-        assert "tick 7 waited 2" in stale.stdout and stale.returncode == 0, (tz, stale.stdout[-3000:])
-        assert "newer tick is queued" not in fresh.stdout, (tz, fresh.stdout[-3000:])
-        assert "no Slurm controller answers" in fresh.stdout, (tz, fresh.stdout[-3000:])
+        stamp = tmp_path / tz
+        stamp.write_text("")
+        assert ran_in_full(run(tick(stamp), tz=tz))
+        started = float(stamp.read_text())
+        assert abs(started - time.time()) < 30, (tz, started)
+        res = run({"tick": dict(tick(stamp)["tick"], time=started - 1)}, tz=tz)
+        assert res.returncode == 0 and "this run ends" in res.stdout, (tz, res.stdout[-3000:])
