@@ -103,13 +103,14 @@ e2e-autoscale: dev-collection images
 e2e-others: dev-collection images
 	$(E2E_RUN) $(E2E_OTHERS)
 
-## make test       everything CI runs (installs what is missing first): unit and lint, then the
-##                 elastic and autoscale labs beside the molecule scenarios and the other labs (three
-##                 streams; the two labs' output is printed at the end, and kept in .lab/logs/)
+## make test       everything CI runs (installs what is missing first): the images, then three
+##                 streams at once: the elastic lab, the autoscale lab, and unit, lint, the molecule
+##                 scenarios and the other labs (the two labs' output is printed at the end, and kept
+##                 in .lab/logs/); the elastic lab, the longest, starts first
 test: deps
-	$(MAKE) unit lint images dev-collection
+	$(MAKE) images dev-collection
 	@mkdir -p .lab/logs
-	@$(call beside,test,$(MAKE) molecule e2e-others)
+	@$(call beside,test,$(MAKE) unit lint molecule e2e-others)
 
 ## make build      build the collection tarball
 build:

@@ -147,9 +147,12 @@ def test_events_reach_awx_as_signed_webhooks_one_job_per_burst(world, tmp_path, 
     assert key not in out
 
 
-def test_the_autoscale_rulebook_ticks_the_autoscaler_and_still_reconciles(world, tmp_path):
+def test_the_autoscale_rulebook_ticks_the_autoscaler_and_still_reconciles(world, tmp_path, tmp_path_factory):
     a_machine(world, "cn-1")
-    env = {"K8S_AUTH_HOST": world.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN}
+    # TMPDIR: the tick source's stamp is per user and source name; this test's stays apart from a lab's
+    # (not under tmp_path: ansible-rulebook copies its working directory into TMPDIR)
+    tmpdir = tmp_path_factory.mktemp("tmpdir")
+    env = {"K8S_AUTH_HOST": world.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN, "TMPDIR": str(tmpdir)}
     proc, record = start(tmp_path, env, "autoscale", converged_autoscale_playbook=str(tmp_path / "record.yml"),
                          converged_autoscale_interval=2)
     try:
@@ -167,6 +170,6 @@ def test_the_autoscale_rulebook_ticks_the_autoscaler_and_still_reconciles(world,
     ticks = [e["tick"] for e in lines if "tick" in e]
     assert [t["index"] for t in ticks[:3]] == [0, 1, 2] and {t["name"] for t in ticks} == {"autoscale"}
     # one stamp for the source (autoscale.yml records its full runs in it), emptied at its start
-    assert len({t["stamp"] for t in ticks}) == 1 and os.path.basename(ticks[0]["stamp"]) == "autoscale", ticks[0]
+    assert {t["stamp"] for t in ticks} == {str(tmpdir / ("converged-hpc-tick-%d" % os.getuid()) / "autoscale")}
     machine_events = [e["capi_machines"] for e in lines if "capi_machines" in e]
     assert [m["name"] for m in machine_events[0]["machines"]] == ["cn-1"]
