@@ -73,22 +73,26 @@ molecule: dev-collection images
 
 ## make e2e        end-to-end lab tests in labs of their own: the elastic lab (the longest) and
 ##                 the autoscale lab run beside the others; their output is printed at the end
+comma := ,
 E2E_ELASTIC := tests/e2e/test_elastic.py
 E2E_AUTOSCALE := tests/e2e/test_autoscale.py
 E2E_OTHERS := $(filter-out $(E2E_ELASTIC) $(E2E_AUTOSCALE),$(sort $(wildcard tests/e2e/test_*.py)))
 E2E_RUN := $(PYTHON) -m pytest -q --durations=8
-# $(call beside,WHO,OTHERS): the elastic and autoscale labs in the background (their output in
-# .lab/logs/e2e-elastic.log and e2e-autoscale.log, printed at the end) beside the command OTHERS;
-# fails when any of them does
+# $(call beside,WHO,OTHERS,AFTER): the elastic lab in the background, and the autoscale lab followed
+# by the command AFTER (if any) in the background (their output in .lab/logs/e2e-elastic.log,
+# e2e-autoscale.log and checks.log, printed at the end) beside the command OTHERS; fails when any fails
 beside = set +e; \
 	$(MAKE) -s e2e-elastic >.lab/logs/e2e-elastic.log 2>&1 & elastic_pid=$$!; \
-	$(MAKE) -s e2e-autoscale >.lab/logs/e2e-autoscale.log 2>&1 & autoscale_pid=$$!; \
+	( $(MAKE) -s e2e-autoscale >.lab/logs/e2e-autoscale.log 2>&1; echo $$? >.lab/logs/e2e-autoscale.rc; \
+	  $(or $(3),true) >.lab/logs/checks.log 2>&1; echo $$? >.lab/logs/checks.rc ) & second_pid=$$!; \
 	$(2); others=$$?; \
-	wait $$elastic_pid; elastic=$$?; wait $$autoscale_pid; autoscale=$$?; \
+	wait $$elastic_pid; elastic=$$?; wait $$second_pid; \
+	autoscale=$$(cat .lab/logs/e2e-autoscale.rc); checks=$$(cat .lab/logs/checks.rc); \
 	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)):"; cat .lab/logs/e2e-elastic.log; \
 	echo "[$(1)] the autoscale lab ($(E2E_AUTOSCALE)):"; cat .lab/logs/e2e-autoscale.log; \
-	echo "[$(1)] exit codes: $(2): $$others, the elastic lab: $$elastic, the autoscale lab: $$autoscale"; \
-	test $$others -eq 0 && test $$elastic -eq 0 && test $$autoscale -eq 0
+	$(if $(3),echo "[$(1)] after the autoscale lab$(comma) $(3):"; cat .lab/logs/checks.log;) \
+	echo "[$(1)] exit codes: $(2): $$others, the elastic lab: $$elastic, the autoscale lab: $$autoscale$(if $(3),$(comma) $(3): $$checks)"; \
+	test $$others -eq 0 && test $$elastic -eq 0 && test $$autoscale -eq 0 && test $$checks -eq 0
 
 e2e: dev-collection images
 	@mkdir -p .lab/logs
@@ -103,14 +107,14 @@ e2e-autoscale: dev-collection images
 e2e-others: dev-collection images
 	$(E2E_RUN) $(E2E_OTHERS)
 
-## make test       everything CI runs (installs what is missing first): the images, then three
-##                 streams at once: the elastic lab, the autoscale lab, and unit, lint, the molecule
-##                 scenarios and the other labs (the two labs' output is printed at the end, and kept
-##                 in .lab/logs/); the elastic lab, the longest, starts first
+## make test       everything CI runs (installs what is missing first): the lab images, then three
+##                 streams at once: the elastic lab (the longest); the autoscale lab, then pytest, lint
+##                 and sanity; the molecule scenarios, then the other labs (the first two streams'
+##                 output is printed at the end, and kept in .lab/logs/)
 test: deps
 	$(MAKE) images dev-collection
 	@mkdir -p .lab/logs
-	@$(call beside,test,$(MAKE) unit lint molecule e2e-others)
+	@$(call beside,test,$(MAKE) molecule e2e-others,$(MAKE) unit lint)
 
 ## make build      build the collection tarball
 build:

@@ -37,7 +37,8 @@ def test_bad_settings_are_named(args, message):
         tick.settings(args)
 
 
-def test_the_stamp_is_a_private_file_of_the_sources_name_emptied_at_its_start():
+def test_the_stamp_is_a_private_file_of_the_sources_name_emptied_at_its_start(tmp_path, monkeypatch):
+    monkeypatch.setattr(tick.tempfile, "gettempdir", lambda: str(tmp_path))
     seen = []
 
     class Looker(Collector):
@@ -53,8 +54,9 @@ def test_the_stamp_is_a_private_file_of_the_sources_name_emptied_at_its_start():
         asyncio.run(tick.main(Looker(), {"interval": 1, "limit": 2, "name": "auto scale/x"}))
     # one file for the source's name, private, empty at each start (a record of the last life is no answer)
     assert len({p for p, _m, _s in seen}) == 1
-    assert [(m, s) for _p, m, s in seen] == [(0o600, 0), (0o600, os.path.getsize(seen[0][0]))] * 2
-    assert os.path.basename(seen[0][0]) == "auto_scale_x"
+    assert [m for _p, m, _s in seen] == [0o600] * 4
+    assert [s for _p, _m, s in seen][::2] == [0, 0] and all(s > 0 for _p, _m, s in seen[1::2])
+    assert seen[0][0] == str(tmp_path / ("converged-hpc-tick-%d" % os.getuid()) / "auto_scale_x")
     directory = os.stat(os.path.dirname(seen[0][0]))
     assert stat.S_IMODE(directory.st_mode) == 0o700 and directory.st_uid == os.getuid()
 
