@@ -540,13 +540,20 @@ cmd_status() {
 cmd_down() {
   cmd_events_stop
   cmd_sim_stop
-  local names
-  names=$(podman ps -a --filter "label=$LABEL=$LAB_NAME" --format '{{.Names}}')
-  if [[ -n "$names" ]]; then
+  local names attempt
+  # podman can stop a container and then fail to remove it while other labs start and stop
+  # theirs (a container left Exited, its network then refused): ask again, three times
+  for attempt in 1 2 3; do
+    names=$(podman ps -a --filter "label=$LABEL=$LAB_NAME" --format '{{.Names}}')
+    [[ -z "$names" ]] && break
     # shellcheck disable=SC2086
-    podman rm -f -t 2 $names >/dev/null
-    say "removed containers: $(echo $names)"
-  fi
+    if podman rm -f -t 2 $names >/dev/null; then
+      say "removed containers: $(echo $names)"
+    else
+      say "podman rm of $(echo $names) failed (try $attempt of 3)"
+      sleep 1
+    fi
+  done
   for net in $(podman network ls --filter "label=$LABEL=$LAB_NAME" --format '{{.Name}}'); do
     podman network rm "$net" >/dev/null && say "removed network $net"
   done
