@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A Kubernetes Lease (coordination.k8s.io/v1) used as a lock between runs.
 
-API access only; the module (plugins/modules/lease.py) and the tests use it.
+API access only; the module (plugins/modules/lease.py), its action plugin (plugins/action/lease.py: the
+same work in the controller's process when the task runs there) and the tests use it.
 Every write carries the resourceVersion it was computed from, so two runs
 racing for the same Lease cannot both win: the loser gets 409 and reads again.
 A Lease is free when it has no holder or its holder stopped renewing it:
@@ -20,9 +21,20 @@ import calendar
 import json
 import os
 import re
+import socket
 import time
 
-from ansible_collections.converged.hpc.plugins.module_utils.capi_client import CapiApiError, _status_message
+try:
+    from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
+except ImportError:  # pragma: no cover - kubernetes.core comes with the ansible package
+    AUTH_ARG_SPEC = {}
+
+from ansible_collections.converged.hpc.plugins.module_utils.capi_client import (
+    CapiApiError,
+    CapiReader,
+    _status_message,
+    build_configuration,
+)
 
 GROUP_VERSION = "coordination.k8s.io/v1"
 
@@ -268,3 +280,53 @@ def outermost_ansible(start=None):
             found = pid
         pid = parent
     return found
+
+
+LEASE_ARGUMENT_SPEC = dict(
+    name=dict(type="str", default="converged-hpc"),
+    namespace=dict(type="str", default="default"),
+    state=dict(type="str", choices=["acquired", "released"], default="acquired"),
+    holder=dict(type="str"),
+    duration=dict(type="int", default=60),
+    timeout=dict(type="int", default=1800),
+    poll=dict(type="float", default=2),
+    renew=dict(type="bool", default=True),
+)
+LEASE_ARGUMENT_SPEC.update(AUTH_ARG_SPEC)
+
+
+def lease_task(params, check_mode):
+    """The converged.hpc.lease task on validated params: its result, with failed and msg when it failed.
+
+    Run by the module (a process of its own) or by the action plugin in a worker of ansible-playbook:
+    either way the outermost ansible-playbook above is the run the Lease is held for."""
+    if params["duration"] < 5:
+        return dict(failed=True, msg="duration %d is too short: a Lease must live at least 5 s between renewals"
+                    % params["duration"])
+    run_pid = outermost_ansible()
+    holder = params["holder"] or "%s ansible-playbook pid %s" % (socket.gethostname(), run_pid or os.getppid())
+    try:
+        configuration, headers = build_configuration(**{k: params.get(k) for k in AUTH_ARG_SPEC})
+        reader = CapiReader(configuration, timeout=30, headers=headers)
+        lock = LeaseLock(reader, params["namespace"], params["name"], holder, params["duration"])
+        if params["state"] == "released":
+            changed, found = lock.release(check_mode)
+            return dict(changed=changed, holder=holder, previous_holder=found)
+        if params["renew"] and not check_mode and run_pid is None:
+            return dict(failed=True, msg="renew needs this module to run on the control node, under "
+                                         "ansible-playbook (delegate_to: localhost), or set renew: false")
+        try:
+            result = lock.acquire(params["timeout"], params["poll"], check_mode)
+        except LeaseHeld as exc:
+            if check_mode:
+                return dict(changed=False, holder=holder, previous_holder=exc.holder, msg=str(exc))
+            return dict(failed=True, msg=str(exc), holder=holder, previous_holder=exc.holder)
+        out = dict(changed=result["changed"], holder=holder, previous_holder=result["previous_holder"],
+                   waited=result["waited"], lease=(result["lease"] or {}).get("spec") or {})
+        if params["renew"] and not check_mode and result["previous_holder"] != holder:
+            out["renewer_pid"] = keep_renewed(lock, run_pid, max(1.0, params["duration"] / 3.0))
+        return out
+    except CapiApiError as exc:
+        return dict(failed=True, msg=str(exc))
+    except Exception as exc:  # never a traceback with a credential in it
+        return dict(failed=True, msg="lease %s/%s: %s" % (params["namespace"], params["name"], type(exc).__name__))

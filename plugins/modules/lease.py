@@ -114,73 +114,20 @@ lease:
   type: dict
 """
 
-import os
-import socket
-
 from ansible.module_utils.basic import AnsibleModule
 
-try:
-    from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-except ImportError:  # pragma: no cover - kubernetes.core comes with the ansible package
-    AUTH_ARG_SPEC = {}
-
-from ansible_collections.converged.hpc.plugins.module_utils.capi_client import (
-    CapiApiError,
-    CapiReader,
-    build_configuration,
-)
 from ansible_collections.converged.hpc.plugins.module_utils.capi_lease import (
-    LeaseHeld,
-    LeaseLock,
-    keep_renewed,
-    outermost_ansible,
+    LEASE_ARGUMENT_SPEC,
+    lease_task,
 )
 
 
 def main():
-    argument_spec = dict(
-        name=dict(type="str", default="converged-hpc"),
-        namespace=dict(type="str", default="default"),
-        state=dict(type="str", choices=["acquired", "released"], default="acquired"),
-        holder=dict(type="str"),
-        duration=dict(type="int", default=60),
-        timeout=dict(type="int", default=1800),
-        poll=dict(type="float", default=2),
-        renew=dict(type="bool", default=True),
-    )
-    argument_spec.update(AUTH_ARG_SPEC)
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    params = module.params
-    if params["duration"] < 5:
-        module.fail_json(msg="duration %d is too short: a Lease must live at least 5 s between renewals"
-                         % params["duration"])
-    run_pid = outermost_ansible()
-    holder = params["holder"] or "%s ansible-playbook pid %s" % (socket.gethostname(), run_pid or os.getppid())
-    try:
-        configuration, headers = build_configuration(**{k: params.get(k) for k in AUTH_ARG_SPEC})
-        reader = CapiReader(configuration, timeout=30, headers=headers)
-        lock = LeaseLock(reader, params["namespace"], params["name"], holder, params["duration"])
-        if params["state"] == "released":
-            changed, found = lock.release(module.check_mode)
-            module.exit_json(changed=changed, holder=holder, previous_holder=found)
-        if params["renew"] and not module.check_mode and run_pid is None:
-            module.fail_json(msg="renew needs this module to run on the control node, under ansible-playbook "
-                                 "(delegate_to: localhost), or set renew: false")
-        try:
-            result = lock.acquire(params["timeout"], params["poll"], module.check_mode)
-        except LeaseHeld as exc:
-            if module.check_mode:
-                module.exit_json(changed=False, holder=holder, previous_holder=exc.holder, msg=str(exc))
-            module.fail_json(msg=str(exc), holder=holder, previous_holder=exc.holder)
-        out = dict(changed=result["changed"], holder=holder, previous_holder=result["previous_holder"],
-                   waited=result["waited"], lease=(result["lease"] or {}).get("spec") or {})
-        if params["renew"] and not module.check_mode and result["previous_holder"] != holder:
-            out["renewer_pid"] = keep_renewed(lock, run_pid, max(1.0, params["duration"] / 3.0))
-        module.exit_json(**out)
-    except CapiApiError as exc:
-        module.fail_json(msg=str(exc))
-    except Exception as exc:  # never a traceback with a credential in it
-        module.fail_json(msg="lease %s/%s: %s" % (params["namespace"], params["name"], type(exc).__name__))
+    module = AnsibleModule(argument_spec=LEASE_ARGUMENT_SPEC, supports_check_mode=True)
+    result = lease_task(module.params, module.check_mode)
+    if result.pop("failed", False):
+        module.fail_json(**result)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

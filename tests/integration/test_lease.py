@@ -115,3 +115,39 @@ def test_check_mode_takes_nothing(sim, tmp_path):
     assert rc == 0, out
     assert holder(sim) is None
     assert ("default", "converged-hpc") not in sim.store.objects[("coordination.k8s.io", "leases")]
+
+
+def run_play(sim, tmp_path, play, *args):
+    path = tmp_path / "play.yml"
+    path.write_text(play)
+    env = ansible_env(K8S_AUTH_HOST=sim.url, K8S_AUTH_API_KEY=ADMIN_TOKEN)
+    proc = subprocess.run(["ansible-playbook", "-i", "localhost,", str(path)] + list(args), cwd=REPO, env=env,
+                          capture_output=True, text=True, check=False)
+    assert ADMIN_TOKEN not in proc.stdout + proc.stderr
+    return proc
+
+
+def test_on_the_control_node_the_lease_is_taken_in_ansibles_own_process(sim, tmp_path):
+    # no Python for modules on localhost: a module run would fail, the action plugin needs none
+    play = PLAY.format(duration=30, timeout=0, hold=0, release="true")
+    proc = run_play(sim, tmp_path, play, "-c", "local", "-e", "ansible_python_interpreter=/nonexistent/python3")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "ansible-playbook pid" in taken(proc.stdout)["holder"] and taken(proc.stdout)["renewer_pid"] > 0
+    assert holder(sim) is None  # given back
+
+
+def test_elsewhere_the_module_runs_on_the_task_host(sim, tmp_path):
+    # a task on another host (not delegated to the control node) is a module run there, as before
+    play = PLAY.replace("hosts: localhost", "hosts: elsewhere").format(duration=30, timeout=0, hold=0, release="true")
+    path = tmp_path / "hosts.ini"
+    path.write_text("elsewhere ansible_host=127.0.0.1 ansible_port=9 ansible_connection=ssh\n")
+    proc = run_play(sim, tmp_path, play, "-i", str(path))
+    assert proc.returncode != 0 and "UNREACHABLE" in proc.stdout, proc.stdout[-3000:]
+    assert holder(sim) is None
+
+
+def test_a_bad_argument_is_named_before_the_lease_is_touched(sim, tmp_path):
+    play = PLAY.format(duration="soon", timeout=0, hold=0, release="true")
+    proc = run_play(sim, tmp_path, play, "-c", "local")
+    assert proc.returncode != 0 and "duration" in proc.stdout and "soon" in proc.stdout, proc.stdout[-3000:]
+    assert ("default", "converged-hpc") not in sim.store.objects[("coordination.k8s.io", "leases")]

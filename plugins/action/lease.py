@@ -1,0 +1,23 @@
+# -*- coding: utf-8 -*-
+# Copyright: converged.hpc contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""converged.hpc.lease in the controller's process when the task runs on the control node
+(plugin_utils/in_process.py): every lifecycle run takes the Lease and gives it back there."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible_collections.converged.hpc.plugins.module_utils.capi_lease import (
+    LEASE_ARGUMENT_SPEC,
+    lease_task,
+)
+from ansible_collections.converged.hpc.plugins.plugin_utils.in_process import InProcessAction
+
+
+class ActionModule(InProcessAction):
+
+    MODULE = "converged.hpc.lease"
+    SPEC = LEASE_ARGUMENT_SPEC
+    _VALID_ARGS = frozenset(LEASE_ARGUMENT_SPEC)
+    work = staticmethod(lease_task)
