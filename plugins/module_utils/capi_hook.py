@@ -21,27 +21,22 @@ try:
 except ImportError:  # pragma: no cover - Python 2
     from urllib import quote
 
-try:
-    from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-except ImportError:  # pragma: no cover - kubernetes.core comes with the ansible package
-    AUTH_ARG_SPEC = {}
-
 from ansible_collections.converged.hpc.plugins.module_utils.capi_client import (
     CapiApiError,
     CapiReader,
     _status_message,
     build_configuration,
 )
+from ansible_collections.converged.hpc.plugins.module_utils.capi_task import auth_options, with_auth
 
-HOOK_ARGUMENT_SPEC = dict(
+HOOK_ARGUMENT_SPEC = with_auth(dict(
     name=dict(type="str", required=True),
     namespace=dict(type="str", required=True),
     api_version=dict(type="str", default="cluster.x-k8s.io/v1beta1"),
     hook=dict(type="str", required=True),
     owner=dict(type="str", default="converged-hpc"),
     state=dict(type="str", choices=["present", "absent"], default="present"),
-)
-HOOK_ARGUMENT_SPEC.update(AUTH_ARG_SPEC)
+))
 
 HOOK_PREFIXES = ("pre-drain.delete.hook.machine.cluster.x-k8s.io/", "pre-terminate.delete.hook.machine.cluster.x-k8s.io/")
 ATTEMPTS = 5
@@ -96,7 +91,7 @@ def hook_task(params, check_mode):
                     % (hook, " or ".join(HOOK_PREFIXES)))
     reader = None
     try:
-        configuration, headers = build_configuration(**{k: params.get(k) for k in AUTH_ARG_SPEC})
+        configuration, headers = build_configuration(**auth_options(params))
         reader = CapiReader(configuration, timeout=30, headers=headers)
         changed, machine = set_hook(reader, params["api_version"], params["namespace"], params["name"], hook,
                                     params["owner"], params["state"] == "present", check_mode)

@@ -24,17 +24,13 @@ import re
 import socket
 import time
 
-try:
-    from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-except ImportError:  # pragma: no cover - kubernetes.core comes with the ansible package
-    AUTH_ARG_SPEC = {}
-
 from ansible_collections.converged.hpc.plugins.module_utils.capi_client import (
     CapiApiError,
     CapiReader,
     _status_message,
     build_configuration,
 )
+from ansible_collections.converged.hpc.plugins.module_utils.capi_task import auth_options, with_auth
 
 GROUP_VERSION = "coordination.k8s.io/v1"
 
@@ -282,7 +278,7 @@ def outermost_ansible(start=None):
     return found
 
 
-LEASE_ARGUMENT_SPEC = dict(
+LEASE_ARGUMENT_SPEC = with_auth(dict(
     name=dict(type="str", default="converged-hpc"),
     namespace=dict(type="str", default="default"),
     state=dict(type="str", choices=["acquired", "released"], default="acquired"),
@@ -291,8 +287,7 @@ LEASE_ARGUMENT_SPEC = dict(
     timeout=dict(type="int", default=1800),
     poll=dict(type="float", default=2),
     renew=dict(type="bool", default=True),
-)
-LEASE_ARGUMENT_SPEC.update(AUTH_ARG_SPEC)
+))
 
 
 def lease_task(params, check_mode):
@@ -306,7 +301,7 @@ def lease_task(params, check_mode):
     run_pid = outermost_ansible()
     holder = params["holder"] or "%s ansible-playbook pid %s" % (socket.gethostname(), run_pid or os.getppid())
     try:
-        configuration, headers = build_configuration(**{k: params.get(k) for k in AUTH_ARG_SPEC})
+        configuration, headers = build_configuration(**auth_options(params))
         reader = CapiReader(configuration, timeout=30, headers=headers)
         lock = LeaseLock(reader, params["namespace"], params["name"], holder, params["duration"])
         if params["state"] == "released":

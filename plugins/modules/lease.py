@@ -114,20 +114,15 @@ lease:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.converged.hpc.plugins.module_utils.capi_lease import (
     LEASE_ARGUMENT_SPEC,
     lease_task,
 )
+from ansible_collections.converged.hpc.plugins.module_utils.capi_task import module_main
 
 
 def main():
-    module = AnsibleModule(argument_spec=LEASE_ARGUMENT_SPEC, supports_check_mode=True)
-    result = lease_task(module.params, module.check_mode)
-    if result.pop("failed", False):
-        module.fail_json(**result)
-    module.exit_json(**result)
+    module_main(LEASE_ARGUMENT_SPEC, lease_task)
 
 
 if __name__ == "__main__":

@@ -99,20 +99,15 @@ deleting:
   type: bool
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.converged.hpc.plugins.module_utils.capi_hook import (
     HOOK_ARGUMENT_SPEC,
     hook_task,
 )
+from ansible_collections.converged.hpc.plugins.module_utils.capi_task import module_main
 
 
 def main():
-    module = AnsibleModule(argument_spec=HOOK_ARGUMENT_SPEC, supports_check_mode=True)
-    result = hook_task(module.params, module.check_mode)
-    if result.pop("failed", False):
-        module.fail_json(**result)
-    module.exit_json(**result)
+    module_main(HOOK_ARGUMENT_SPEC, hook_task)
 
 
 if __name__ == "__main__":
