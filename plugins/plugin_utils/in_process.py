@@ -8,7 +8,8 @@ take the Lease, put or release the deletion hook. As module runs each costs abou
 (AnsiballZ, a Python process and its imports) for one to three requests. An action plugin built on
 InProcessAction validates the task's arguments against the module's own spec and calls the same
 function the module calls (in module_utils), in the task's worker process. A task that runs anywhere
-else (another host, not delegated) runs the module there, as before.
+else (another host, not delegated), or that sets an environment (K8S_AUTH_* for the module, say), runs
+the module, as before.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -34,7 +35,10 @@ class InProcessAction(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super(InProcessAction, self).run(tmp, task_vars)
         del tmp  # nothing is copied to a target
-        if getattr(self._connection, "transport", None) != "local":
+        # the task's environment keyword reaches a module's process, not this one: a module run then
+        environment = self._task.environment
+        if getattr(self._connection, "transport", None) != "local" or any(
+                environment if isinstance(environment, list) else [environment]):
             result.update(self._execute_module(module_name=self.MODULE, module_args=self._task.args,
                                                task_vars=task_vars))
             return result

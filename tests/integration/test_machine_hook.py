@@ -4,6 +4,7 @@ Machine, writes nothing in check mode, and names a bad argument before any reque
 
 import json
 import subprocess
+import sys
 
 from conftest import ADMIN_TOKEN, HOOK, REPO, a_machine, ansible_env, machines
 
@@ -65,3 +66,19 @@ def test_a_bad_hook_key_fails_naming_it(world, tmp_path):
     assert HOOK in annotations(world)
     proc = play(world, tmp_path, "gone")
     assert proc.returncode != 0 and "state" in proc.stdout and "gone" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_a_task_environment_reaches_the_module_it_then_runs(world, tmp_path):
+    # the credentials only in the task's environment keyword: a module run sees them, this process does not
+    a_machine(world, "cn-1")
+    path = tmp_path / "env.yml"
+    path.write_text(PLAY.format(hook=HOOK, state="absent").replace(
+        "      register: acted",
+        "      register: acted\n      environment:\n        K8S_AUTH_HOST: %s\n        K8S_AUTH_API_KEY: %s"
+        % (world.url, ADMIN_TOKEN)))
+    proc = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", str(path),
+                           "-e", "ansible_python_interpreter=" + sys.executable], cwd=REPO,
+                          env=ansible_env(), capture_output=True, text=True, check=False)
+    assert ADMIN_TOKEN not in proc.stdout + proc.stderr
+    assert proc.returncode == 0 and acted(proc)["changed"] is True, proc.stdout[-3000:]
+    assert HOOK not in annotations(world)
