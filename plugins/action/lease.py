@@ -19,5 +19,4 @@ class ActionModule(InProcessAction):
 
     MODULE = "converged.hpc.lease"
     SPEC = LEASE_ARGUMENT_SPEC
-    _VALID_ARGS = frozenset(LEASE_ARGUMENT_SPEC)
     work = staticmethod(lease_task)

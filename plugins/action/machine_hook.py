@@ -19,5 +19,4 @@ class ActionModule(InProcessAction):
 
     MODULE = "converged.hpc.machine_hook"
     SPEC = HOOK_ARGUMENT_SPEC
-    _VALID_ARGS = frozenset(HOOK_ARGUMENT_SPEC)
     work = staticmethod(hook_task)

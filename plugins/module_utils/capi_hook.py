@@ -21,13 +21,8 @@ try:
 except ImportError:  # pragma: no cover - Python 2
     from urllib import quote
 
-from ansible_collections.converged.hpc.plugins.module_utils.capi_client import (
-    CapiApiError,
-    CapiReader,
-    _status_message,
-    build_configuration,
-)
-from ansible_collections.converged.hpc.plugins.module_utils.capi_task import auth_options, with_auth
+from ansible_collections.converged.hpc.plugins.module_utils.capi_client import CapiApiError, _status_message
+from ansible_collections.converged.hpc.plugins.module_utils.capi_task import api_task, with_auth
 
 HOOK_ARGUMENT_SPEC = with_auth(dict(
     name=dict(type="str", required=True),
@@ -89,21 +84,13 @@ def hook_task(params, check_mode):
     if not hook.startswith(HOOK_PREFIXES) or hook.endswith("/"):
         return dict(failed=True, msg="hook %r is not a Cluster API deletion hook: it must be %s<name>"
                     % (hook, " or ".join(HOOK_PREFIXES)))
-    reader = None
-    try:
-        configuration, headers = build_configuration(**auth_options(params))
-        reader = CapiReader(configuration, timeout=30, headers=headers)
+
+    def work(reader):
         changed, machine = set_hook(reader, params["api_version"], params["namespace"], params["name"], hook,
                                     params["owner"], params["state"] == "present", check_mode)
-    except CapiApiError as exc:
-        return dict(failed=True, msg=str(exc))
-    except Exception as exc:  # never a traceback with a credential in it
-        return dict(failed=True, msg="machine_hook %s/%s: %s" % (params["namespace"], params["name"],
-                                                                 type(exc).__name__))
-    finally:
-        if reader is not None:
-            reader.close()
-    meta = (machine or {}).get("metadata") or {}
-    return dict(changed=changed, exists=machine is not None, hook=hook,
-                annotations=meta.get("annotations") or {},
-                deleting=bool(meta.get("deletionTimestamp")))
+        meta = (machine or {}).get("metadata") or {}
+        return dict(changed=changed, exists=machine is not None, hook=hook,
+                    annotations=meta.get("annotations") or {},
+                    deleting=bool(meta.get("deletionTimestamp")))
+
+    return api_task(params, "machine_hook %s/%s" % (params["namespace"], params["name"]), work)

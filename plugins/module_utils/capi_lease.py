@@ -24,13 +24,8 @@ import re
 import socket
 import time
 
-from ansible_collections.converged.hpc.plugins.module_utils.capi_client import (
-    CapiApiError,
-    CapiReader,
-    _status_message,
-    build_configuration,
-)
-from ansible_collections.converged.hpc.plugins.module_utils.capi_task import auth_options, with_auth
+from ansible_collections.converged.hpc.plugins.module_utils.capi_client import CapiApiError, _status_message
+from ansible_collections.converged.hpc.plugins.module_utils.capi_task import api_task, with_auth
 
 GROUP_VERSION = "coordination.k8s.io/v1"
 
@@ -300,9 +295,8 @@ def lease_task(params, check_mode):
                     % params["duration"])
     run_pid = outermost_ansible()
     holder = params["holder"] or "%s ansible-playbook pid %s" % (socket.gethostname(), run_pid or os.getppid())
-    try:
-        configuration, headers = build_configuration(**auth_options(params))
-        reader = CapiReader(configuration, timeout=30, headers=headers)
+
+    def work(reader):
         lock = LeaseLock(reader, params["namespace"], params["name"], holder, params["duration"])
         if params["state"] == "released":
             changed, found = lock.release(check_mode)
@@ -321,7 +315,5 @@ def lease_task(params, check_mode):
         if params["renew"] and not check_mode and result["previous_holder"] != holder:
             out["renewer_pid"] = keep_renewed(lock, run_pid, max(1.0, params["duration"] / 3.0))
         return out
-    except CapiApiError as exc:
-        return dict(failed=True, msg=str(exc))
-    except Exception as exc:  # never a traceback with a credential in it
-        return dict(failed=True, msg="lease %s/%s: %s" % (params["namespace"], params["name"], type(exc).__name__))
+
+    return api_task(params, "lease %s/%s" % (params["namespace"], params["name"]), work)

@@ -16,7 +16,6 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 
@@ -42,9 +41,8 @@ class InProcessAction(ActionBase):
             result.update(self._execute_module(module_name=self.MODULE, module_args=self._task.args,
                                                task_vars=task_vars))
             return result
-        validation, params = self.validate_argument_spec(argument_spec=self.SPEC)
-        if validation.error_messages:  # pragma: no cover - validate_argument_spec raises first
-            raise AnsibleActionFail("; ".join(validation.error_messages))
+        # unknown, missing or badly typed arguments fail here (AnsibleActionFail), before any request
+        params = self.validate_argument_spec(argument_spec=self.SPEC)[1]
         result.update(self.work(params, bool(self._play_context.check_mode)))
         result.setdefault("changed", False)
         return result
