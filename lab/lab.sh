@@ -38,6 +38,12 @@ PREBAKED_PACKAGES="munge slurm-client slurmctld slurmd libpmix2 mpich libmpich-d
  sssd-ldap libnss-sss libpam-sss ldap-utils keepalived nfs-common nfs-ganesha nfs-ganesha-vfs
  libnfs-utils slapd python3-ldap mariadb-server python3-pymysql slurmdbd slurmrestd slurm-wlm-jwt-plugin"
 BASE_PACKAGES="systemd,systemd-sysv,dbus,python3,python3-apt,iproute2,openssh-server,sudo,procps,ca-certificates,less"
+# cloud-init, as on a cloud or Metal3 image: it applies a Machine's bootstrap data at first boot
+# (lab/machines.py hands it over as a NoCloud seed); a machine without one boots without it.
+# (Installed with apt after debootstrap, which cannot resolve its virtual dependencies.)
+IMAGE_PACKAGES="cloud-init"
+# bump when the images' make-up changes: lab/lab.sh image rebuilds an image of another version
+IMAGE_VERSION=2
 
 T0=$(date +%s%N)
 # elapsed seconds since T0 (or since $1, a date +%s%N stamp), one decimal
@@ -126,6 +132,11 @@ cmd_deps() {
 }
 
 image_name() { echo "$IMAGE_REPO:$1"; }
+# the image's converged.hpc.image-version label: empty when it has none or does not exist
+image_version() {
+  podman image inspect -f '{{ index .Labels "converged.hpc.image-version" }}' "$(image_name "$1")" 2>/dev/null \
+    | sed 's/<no value>//' || true
+}
 
 build_stock() {
   local img root
@@ -141,6 +152,11 @@ deb http://deb.debian.org/debian bookworm main
 deb http://deb.debian.org/debian bookworm-updates main
 deb http://deb.debian.org/debian-security bookworm-security main
 EOF
+  printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"; chmod 0755 "$root/usr/sbin/policy-rc.d"
+  # shellcheck disable=SC2086
+  with_heartbeat "apt-get install $IMAGE_PACKAGES" chroot "$root" bash -c "apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $IMAGE_PACKAGES"
+  rm -f "$root/usr/sbin/policy-rc.d"
   chroot "$root" useradd --create-home --shell /bin/bash --uid 1500 "$SSH_USER"
   install -d -m 0700 -o 1500 -g 1500 "$root/home/$SSH_USER/.ssh"
   echo "$SSH_USER ALL=(ALL) NOPASSWD:ALL" >"$root/etc/sudoers.d/90-lab-admin"
@@ -151,6 +167,22 @@ EOF
   ln -sf /etc/systemd/system/lab-ssh-hostkeys.service \
     "$root/etc/systemd/system/multi-user.target.wants/lab-ssh-hostkeys.service"
   # No consoles in a container; keep the journal small.
+  # cloud-init only from a seed (NoCloud, as lab/machines.py writes it, or a config drive, as
+  # Metal3 attaches it): with none, ds-identify finds nothing and cloud-init stays off for that
+  # boot (one datasource alone would be taken unchecked). The lab's network, hostname, users,
+  # host keys and locale are left as they are.
+  cat >"$root/etc/cloud/cloud.cfg.d/90-converged-lab.cfg" <<'EOF'
+datasource_list: [NoCloud, ConfigDrive]
+locale: false
+network: {config: disabled}
+preserve_hostname: true
+manage_etc_hosts: false
+users: []
+disable_root: false
+ssh_deletekeys: false
+ssh_genkeytypes: []
+apt: {preserve_sources_list: true}
+EOF
   ln -sf /dev/null "$root/etc/systemd/system/getty.target"
   ln -sf /dev/null "$root/etc/systemd/system/console-getty.service"
   mkdir -p "$root/etc/systemd/journald.conf.d"
@@ -164,7 +196,8 @@ EOF
   touch -d @0 "$root"/var/lib/apt/lists "$root"/var/cache/apt
   say "importing the root filesystem as $img"
   with_heartbeat "podman import" bash -c "tar -C '$root' -c . | podman import \
-    --change 'CMD [\"/sbin/init\"]' --change 'STOPSIGNAL SIGRTMIN+3' - '$img'"
+    --change 'CMD [\"/sbin/init\"]' --change 'STOPSIGNAL SIGRTMIN+3' \
+    --change 'LABEL converged.hpc.image-version=$IMAGE_VERSION' - '$img'"
   rm -rf "$root"
 }
 
@@ -180,11 +213,14 @@ build_prebaked() {
 cmd_image() {
   local flavour="${1:-$LAB_FLAVOUR}" force="${FORCE:-0}"
   [[ "$flavour" == stock || "$flavour" == prebaked ]] || die "image flavour '$flavour' is not stock or prebaked"
-  if [[ "$force" != 1 ]] && podman image exists "$(image_name "$flavour")"; then
+  if [[ "$force" != 1 ]] && [[ "$(image_version "$flavour")" == "$IMAGE_VERSION" ]]; then
     say "image $(image_name "$flavour") exists (FORCE=1 rebuilds it)"
     return
   fi
-  if [[ "$flavour" == prebaked ]] && ! podman image exists "$(image_name stock)"; then
+  if [[ "$force" != 1 ]] && podman image exists "$(image_name "$flavour")"; then
+    say "image $(image_name "$flavour") is of version '$(image_version "$flavour")', the lab's is $IMAGE_VERSION: rebuilding it"
+  fi
+  if [[ "$flavour" == prebaked ]] && [[ "$(image_version stock)" != "$IMAGE_VERSION" ]]; then
     build_stock
   fi
   "build_$flavour"

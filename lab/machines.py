@@ -6,17 +6,21 @@ way: lab.sh -> capisim -> this module -> podman.
 
     python3 lab/machines.py start NAME IP NODE_TYPE   boot (or reuse) one machine
     python3 lab/machines.py ready NAME IP             wait until sshd answers and systemd has booted
-    python3 lab/machines.py machine-add MACHINE NODE_TYPE
-        boot a new machine for a Cluster API Machine; prints "hostname address cpus ram_mib"
+    python3 lab/machines.py machine-add MACHINE NODE_TYPE [USER_DATA_FILE]
+        boot a new machine for a Cluster API Machine; prints "hostname address cpus ram_mib".
+        USER_DATA_FILE: the Machine's bootstrap data, handed to cloud-init at first boot
+        as a NoCloud seed (as Metal3 hands it to the host's config drive)
     python3 lab/machines.py machine-remove HOSTNAME   remove it (the host is "deprovisioned")
 
 Settings come from the environment, as lab/lab.sh exports them from lab/lab.conf.
 """
 
 import fcntl
+import io
 import os
 import subprocess
 import sys
+import tarfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,8 +91,9 @@ class Lab:
         return []
 
     # ------------------------------------------------------------------ machines
-    def start(self, name, ip, node_type):
-        """Boot a machine, or reuse it when it runs the lab's current image."""
+    def start(self, name, ip, node_type, user_data=None):
+        """Boot a machine, or reuse it when it runs the lab's current image. user_data (bytes): the
+        bootstrap data cloud-init applies at the machine's first boot; a reused machine has had it."""
         if self.podman("container", "exists", name, check=False).returncode == 0:
             flavour = self.inspect(name, '{{ index .Config.Labels "converged.hpc.flavour" }}')
             if flavour != self.flavour:
@@ -104,13 +109,38 @@ class Lab:
                 self.podman("start", name)
                 self.say("%s restarted (%s)" % (name, ip))
                 return
-        self.podman("run", "-d", "--name", name, "--hostname", name, "--network", self.network, "--ip", ip,
+        self.podman("create", "--name", name, "--hostname", name, "--network", self.network, "--ip", ip,
                     "--systemd=always", "--label", "%s=%s" % (LABEL, self.name),
                     "--label", "converged.hpc.node-type=" + node_type,
                     "--label", "converged.hpc.flavour=" + self.flavour,
                     "-v", "%s.pub:/home/%s/.ssh/authorized_keys:ro" % (self.key, SSH_USER),
                     *self.run_flags(node_type), self.image, "/sbin/init")
-        self.say("%s booted (%s, %s)" % (name, node_type, ip))
+        if user_data is not None:
+            self.seed(name, user_data)
+        self.podman("start", name)
+        self.say("%s booted (%s, %s%s)" % (name, node_type, ip, ", bootstrap data for cloud-init" if user_data else ""))
+
+    def seed(self, name, user_data):
+        """Put a NoCloud seed (meta-data, the user-data) on the machine's disk before it boots: its
+        cloud-init applies it once (the instance id is the machine's name)."""
+        files = {"meta-data": ("instance-id: %s\nlocal-hostname: %s\n" % (name, name)).encode(),
+                 "user-data": user_data}
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for path, mode in (("var/lib/cloud", 0o755), ("var/lib/cloud/seed", 0o755),
+                               ("var/lib/cloud/seed/nocloud", 0o700)):
+                info = tarfile.TarInfo(path)
+                info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, time.time()
+                tar.addfile(info)
+            for base, data in files.items():
+                info = tarfile.TarInfo("var/lib/cloud/seed/nocloud/" + base)
+                info.size, info.mode, info.mtime = len(data), 0o600, time.time()  # it may hold secrets
+                tar.addfile(info, io.BytesIO(data))
+        proc = subprocess.run(["podman", "cp", "-", "%s:/" % name], input=buf.getvalue(), capture_output=True,
+                              check=False)
+        if proc.returncode != 0:
+            raise RuntimeError("podman cp of %s's bootstrap data failed: %s"
+                               % (name, proc.stderr.decode(errors="replace").strip()[-500:]))
 
     def ready(self, name, ip, timeout=90):
         """Ready means: sshd accepts the lab key AND systemd has finished booting the machine."""
@@ -137,8 +167,12 @@ class Lab:
         except FileNotFoundError:
             return set()
 
-    def add(self, machine, node_type):
+    def add(self, machine, node_type, user_data_file=None):
         """Boot a new machine for a Cluster API Machine: (hostname, address, cpus, ram_mib)."""
+        user_data = None
+        if user_data_file:
+            with open(user_data_file, "rb") as fh:
+                user_data = fh.read()
         if node_type not in LAYOUT:
             raise RuntimeError("machine-add: node type '%s' has no lab machines" % node_type)
         prefix, base, last = LAYOUT[node_type]
@@ -166,7 +200,7 @@ class Lab:
                 fh.write("%d\n" % (index + 1))
             name = "%s-%s-%02d" % (self.name, prefix, index)
             ip = "%s.%d" % (self.subnet, base + index)
-            self.start(name, ip, node_type)
+            self.start(name, ip, node_type, user_data)
             with open(self._tsv(), "a") as fh:
                 fh.write("%s %s %s\n" % (name, ip, node_type))
         self.ready(name, ip)
@@ -198,7 +232,7 @@ def main(argv):
             lab.start(*args)
         elif command == "ready" and len(args) == 2:
             lab.ready(*args)
-        elif command == "machine-add" and len(args) == 2:
+        elif command == "machine-add" and len(args) in (2, 3):
             print("%s %s %d %d" % lab.add(*args))
         elif command == "machine-remove" and len(args) == 1:
             lab.remove(args[0])

@@ -6,6 +6,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 
 import yaml
@@ -17,15 +18,21 @@ from .store import Store
 
 class CommandProvisioner(Provisioner):
     """Boots and removes hosts with a command (words split as a shell would):
-    `CMD machine-add MACHINE NODE_TYPE` prints "hostname address cpus ram_mib" on its
-    last line; `CMD machine-remove HOSTNAME`. The lab's is `python3 lab/machines.py`."""
+    `CMD machine-add MACHINE NODE_TYPE [USER_DATA_FILE]` prints "hostname address cpus ram_mib"
+    on its last line (the file holds the Machine's bootstrap data, when it has any);
+    `CMD machine-remove HOSTNAME`. The lab's is `python3 lab/machines.py`."""
 
     def __init__(self, command):
         self.command = shlex.split(command)
 
-    def provision(self, machine_name, node_type):
-        proc = subprocess.run(self.command + ["machine-add", machine_name, node_type], capture_output=True,
-                              text=True, check=False)
+    def provision(self, machine_name, node_type, user_data=None):
+        args = self.command + ["machine-add", machine_name, node_type]
+        with tempfile.NamedTemporaryFile(prefix="bootstrap-", suffix=".data") as data:  # mode 0600
+            if user_data is not None:
+                data.write(user_data)
+                data.flush()
+                args.append(data.name)
+            proc = subprocess.run(args, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError("machine-add exited %d: %s" % (proc.returncode, proc.stderr.strip()[-500:]))
         hostname, address, cpus, ram = proc.stdout.strip().splitlines()[-1].split()

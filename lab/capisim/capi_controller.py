@@ -22,6 +22,7 @@ depends on:
   the Metal3 objects are deleted and the finalizer removed: the Machine is gone.
 """
 
+import base64
 import copy
 import random
 import threading
@@ -45,8 +46,9 @@ OWNERS = (("machinedeployments", "MachineDeployment", DEPLOYMENT_LABEL), ("machi
 class Provisioner:
     """What boots and releases hosts. The lab's runs lab/lab.sh; tests use fakes."""
 
-    def provision(self, machine_name, node_type):
-        """Boot a host for the Machine; return (hostname, address, cpus, ram_mib)."""
+    def provision(self, machine_name, node_type, user_data=None):
+        """Boot a host for the Machine; return (hostname, address, cpus, ram_mib). user_data: the
+        Machine's bootstrap data (bytes, the `value` of its bootstrap.dataSecretName Secret) or None."""
         raise NotImplementedError
 
     def release(self, hostname):
@@ -179,7 +181,9 @@ class CapiController:
         labels.update({label: owner["metadata"]["name"], "cluster.x-k8s.io/cluster-name": cluster})
         tspec = copy.deepcopy(template.get("spec") or {})
         tspec["infrastructureRef"] = {"apiGroup": INFRA, "kind": "Metal3Machine", "name": name}
-        tspec.setdefault("bootstrap", {})["dataSecretName"] = name
+        bootstrap = tspec.setdefault("bootstrap", {})
+        if not bootstrap.get("dataSecretName"):  # else a bootstrap provider's Secret, one per Machine
+            bootstrap["dataSecretName"] = name
         tspec["clusterName"] = cluster
         machine = {"apiVersion": CAPI + "/v1beta2", "kind": "Machine",
                    "metadata": {"name": name, "namespace": ns, "labels": labels,
@@ -200,9 +204,22 @@ class CapiController:
         self.busy.add(name)
         threading.Thread(target=self._provision, args=(ns, name, node_type), daemon=True).start()
 
+    def _bootstrap_data(self, ns, name):
+        """The Machine's bootstrap data: the `value` of the Secret its bootstrap.dataSecretName names
+        (as Metal3 passes it to the host as user data), or None when there is no such Secret."""
+        with self.store.lock:
+            try:
+                machine = self.store.get(self.res(CAPI, "machines"), ns, name)
+                secret_name = ((machine.get("spec") or {}).get("bootstrap") or {}).get("dataSecretName")
+                secret = self.store.get(self.res("", "secrets"), ns, secret_name) if secret_name else None
+            except ApiError:
+                return None
+        value = ((secret or {}).get("data") or {}).get("value")
+        return base64.b64decode(value) if value else None
+
     def _provision(self, ns, name, node_type):
         try:
-            hostname, address, cpus, ram = self.provisioner.provision(name, node_type)
+            hostname, address, cpus, ram = self.provisioner.provision(name, node_type, self._bootstrap_data(ns, name))
         except Exception as exc:
             self.errors.append("provisioning %s failed: %s" % (name, exc))
             self._set_machine_phase(ns, name, "Failed")

@@ -6,6 +6,7 @@ a highmem node, each compute kind fed by its own MachineDeployment into its own 
 MachinePool scaled up and down (MachinePool Machines, held by our hook); bad declarations
 failing before any change."""
 
+import base64
 import os
 import re
 import time
@@ -274,7 +275,21 @@ def test_drift_on_any_host_converges_everything_again(lab):
     assert res.returncode == 0 and NOTHING_TO_DO in res.stdout, res.stdout[-3000:]
 
 
+# What the GPU MachineDeployment's template names as its bootstrap data (lab/capi_objects.py):
+# the new GPU host gets it at first boot, through cloud-init, as Metal3 hands it over.
+BOOTSTRAP = ("#cloud-config\nwrite_files:\n  - path: /etc/converged-lab-bootstrap\n"
+             "    content: |\n      written at first boot from the Machine's bootstrap data\n")
+
+
 def test_a_gpu_node_added_by_its_machine_deployment_joins_with_its_gpus(lab):
+    from kubernetes import client, config
+    core = client.CoreV1Api(config.new_client_from_config(os.path.join(LAB.state, "capi", "kubeconfig")))
+    md = kube().get_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machinedeployments", "hlab-gpu")
+    core.create_namespaced_secret("metal3", {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": md["spec"]["template"]["spec"]["bootstrap"]["dataSecretName"]},
+        "data": {"value": base64.b64encode(BOOTSTRAP.encode()).decode(),
+                 "format": base64.b64encode(b"cloud-config").decode()}})
     res = sh("python3", "lab/scale.py", "2", "--node-type", "gpu", "--state", LAB.state, "--cluster", "hlab",
              check=False, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -285,6 +300,15 @@ def test_a_gpu_node_added_by_its_machine_deployment_joins_with_its_gpus(lab):
     assert sorted(r for r in rows if r.strip()) == ["%s idle gpu:lab:2" % GPU, "%s idle gpu:lab:2" % new]
     assert on(CTL, "srun -p gpu -w %s --gres=gpu:2 printenv CUDA_VISIBLE_DEVICES" % new).stdout.strip() == "0,1"
     assert on(CTL, "srun -p gpu -w %s --gres=gpu:2 printenv CUDA_VISIBLE_DEVICES" % GPU).stdout.strip() == "0,1"
+
+
+def test_a_new_host_applies_its_machines_bootstrap_data_at_first_boot(lab):
+    assert on("hlab-gpu-02", "cat /etc/converged-lab-bootstrap").stdout.strip() == \
+        "written at first boot from the Machine's bootstrap data"
+    assert on("hlab-gpu-02", "cloud-init status").stdout.strip() == "status: done"
+    # a host booted without bootstrap data runs no cloud-init at all
+    assert on(GPU, "cloud-init status").stdout.strip() == "status: disabled"
+    assert on(GPU, "test -e /etc/converged-lab-bootstrap", check=False).returncode != 0
 
 
 def test_a_machine_pool_scales_up_and_down_through_its_machines(lab):

@@ -1,5 +1,7 @@
 """The simulator's Cluster API controller scales MachineDeployments and honours deletion hooks as CAPI does."""
 
+import base64
+import copy
 import threading
 import time
 
@@ -18,12 +20,14 @@ class FakeProvisioner(Provisioner):
     def __init__(self):
         self.count = 0
         self.released = []
+        self.user_data = {}
         self.lock = threading.Lock()
 
-    def provision(self, machine_name, node_type):
+    def provision(self, machine_name, node_type, user_data=None):
         with self.lock:
             self.count += 1
             n = self.count
+            self.user_data[machine_name] = user_data
         return "new-cn-%02d" % n, "10.99.0.%d" % n, 4, 8000
 
     def release(self, hostname):
@@ -93,6 +97,43 @@ def test_scale_up_creates_provisioned_machines_with_template_labels(world):
     assert "machine.cluster.x-k8s.io" in m["metadata"]["finalizers"]
     until(lambda: all(store.get(store.resource("cluster.x-k8s.io", "machines"), NS, x["metadata"]["name"])
                       .get("status", {}).get("addresses") for x in new))
+
+
+def new_machines(store):
+    fixture = {d["metadata"]["name"] for d in load_fixture("capi-hpc.yaml")}
+    return [m for m in machines(store, False) if m["metadata"]["name"] not in fixture]
+
+
+def test_a_template_with_a_bootstrap_provider_gives_each_machine_its_own_secret_name(world):
+    store, ctl, prov = world
+    scale(store, len(machines(store, deleting=False)) + 1)
+    ctl.start()
+    until(lambda: len(prov.user_data) == 1)
+    (machine,) = new_machines(store)
+    name = machine["metadata"]["name"]
+    assert machine["spec"]["bootstrap"]["dataSecretName"] == name
+    assert prov.user_data == {name: None}  # no such Secret: the host boots without bootstrap data
+
+
+def test_a_template_naming_a_bootstrap_secret_hands_its_value_to_the_host(world):
+    """As a MachineDeployment with spec.template.spec.bootstrap.dataSecretName (no bootstrap
+    provider): every Machine names that Secret, and the host gets its `value` as user data."""
+    store, ctl, prov = world
+    cloud_config = b"#cloud-config\nwrite_files: [{path: /etc/joined, content: 'yes'}]\n"
+    store.create(store.resource("", "secrets"), NS, {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "hpc-compute-join", "namespace": NS},
+        "data": {"value": base64.b64encode(cloud_config).decode(), "format": base64.b64encode(b"cloud-config").decode()}})
+    res = store.resource("cluster.x-k8s.io", "machinedeployments")
+    md = store.get(res, NS, MD)
+    template = copy.deepcopy(md["spec"]["template"])
+    template["spec"]["bootstrap"] = {"dataSecretName": "hpc-compute-join"}
+    store.update(res, NS, MD, dict(md, spec=dict(md["spec"], template=template,
+                                                 replicas=len(machines(store, deleting=False)) + 2)))
+    ctl.start()
+    until(lambda: len(prov.user_data) == 2)
+    assert sorted(m["spec"]["bootstrap"]["dataSecretName"] for m in new_machines(store)) == ["hpc-compute-join"] * 2
+    assert list(prov.user_data.values()) == [cloud_config, cloud_config]
 
 
 def test_scale_down_prefers_delete_machine_annotation_and_waits_for_pre_terminate_hook(world):
