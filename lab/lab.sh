@@ -166,7 +166,6 @@ EOF
   install -m 0644 "$LAB_DIR/images/lab-ssh-hostkeys.service" "$root/etc/systemd/system/"
   ln -sf /etc/systemd/system/lab-ssh-hostkeys.service \
     "$root/etc/systemd/system/multi-user.target.wants/lab-ssh-hostkeys.service"
-  # No consoles in a container; keep the journal small.
   # cloud-init only from a seed (NoCloud, as lab/machines.py writes it, or a config drive, as
   # Metal3 attaches it): with none, ds-identify finds nothing and cloud-init stays off for that
   # boot (one datasource alone would be taken unchecked). The lab's network, hostname, users,
@@ -183,6 +182,7 @@ ssh_deletekeys: false
 ssh_genkeytypes: []
 apt: {preserve_sources_list: true}
 EOF
+  # No consoles in a container; keep the journal small.
   ln -sf /dev/null "$root/etc/systemd/system/getty.target"
   ln -sf /dev/null "$root/etc/systemd/system/console-getty.service"
   mkdir -p "$root/etc/systemd/journald.conf.d"

@@ -44,7 +44,7 @@ OWNERS = (("machinedeployments", "MachineDeployment", DEPLOYMENT_LABEL), ("machi
 
 
 class Provisioner:
-    """What boots and releases hosts. The lab's runs lab/lab.sh; tests use fakes."""
+    """What boots and releases hosts. The lab's runs lab/machines.py; tests use fakes."""
 
     def provision(self, machine_name, node_type, user_data=None):
         """Boot a host for the Machine; return (hostname, address, cpus, ram_mib). user_data: the

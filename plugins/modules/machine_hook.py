@@ -23,7 +23,7 @@ description:
   - Releasing the hook of a Machine that does not exist (any more) changes nothing and succeeds. Putting
     one on it fails, naming it.
   - On the control node (delegated to C(localhost)) the action plugin does the work in Ansible's own process,
-    about 0.05 s instead of a module run of about 1 s. Elsewhere the module runs on the task's host and needs
+    about 0.1 s instead of a module run of about 1 s. Elsewhere the module runs on the task's host and needs
     the C(kubernetes) Python library there.
 options:
   name:

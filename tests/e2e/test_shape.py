@@ -31,9 +31,14 @@ def lab():
     LAB.down()
 
 
+def api_client():
+    from kubernetes import config
+    return config.new_client_from_config(os.path.join(LAB.state, "capi", "kubeconfig"))
+
+
 def kube():
-    from kubernetes import client, config
-    return client.CustomObjectsApi(config.new_client_from_config(os.path.join(LAB.state, "capi", "kubeconfig")))
+    from kubernetes import client
+    return client.CustomObjectsApi(api_client())
 
 
 def annotate_machine(name, value):
@@ -282,8 +287,8 @@ BOOTSTRAP = ("#cloud-config\nwrite_files:\n  - path: /etc/converged-lab-bootstra
 
 
 def test_a_gpu_node_added_by_its_machine_deployment_joins_with_its_gpus(lab):
-    from kubernetes import client, config
-    core = client.CoreV1Api(config.new_client_from_config(os.path.join(LAB.state, "capi", "kubeconfig")))
+    from kubernetes import client
+    core = client.CoreV1Api(api_client())
     md = kube().get_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machinedeployments", "hlab-gpu")
     core.create_namespaced_secret("metal3", {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
