@@ -231,6 +231,57 @@ def test_a_node_type_without_a_partition_fails_before_any_change(lab):
     assert on(CTL, "sha256sum /etc/slurm/slurm.conf").stdout == before
 
 
+def os_memory(host):
+    """RealMemory as the host's OS reports it (slurmd -C), in MiB."""
+    return int(re.search(r"\bRealMemory=(\d+)", on(host, "slurmd -C").stdout).group(1))
+
+
+def set_metal3_memory(host, ram_mib):
+    kube().patch_namespaced_custom_object_status("metal3.io", "v1alpha1", "metal3", "baremetalhosts", host,
+                                                 {"status": {"hardware": {"ramMebibytes": ram_mib}}})
+
+
+def test_memory_is_never_declared_above_what_the_os_reports(lab):
+    seen = os_memory(CN)
+    files = "sha256sum /etc/default/slurmd"
+    before = {m: on(m, files).stdout for m in (CN, GPU, HM)}
+    # Metal3 reports the memory installed and the OS sees less of it: the smaller is declared
+    set_metal3_memory(CN, seen + 1024)
+    try:
+        res = LAB.sh("ansible-playbook", "-i", os.path.join(LAB.state, "capi.capi_machines.yml"),
+                     "playbooks/site.yml", "--check", "--diff", "--limit", CN, check=False)
+        assert res.returncode == 0, res.stdout[-3000:]
+        assert re.search(r"^\+SLURMD_OPTIONS=.* RealMemory=%d " % seen, res.stdout, re.M), res.stdout[-3000:]
+    finally:
+        set_metal3_memory(CN, 2000)
+    # a figure above it, given by hand, fails naming both before slurmd's options are written
+    res = LAB.playbook("site.yml", "slurm_compute_real_memory=%d" % (seen + 1))
+    assert res.returncode != 0
+    assert "%s: slurm_compute_real_memory %d MiB is more than the %d MiB the OS reports" % (CN, seen + 1, seen) \
+        in res.stdout, res.stdout[-3000:]
+    assert not re.search(r"changed=[1-9]", res.stdout), res.stdout[-3000:]
+    assert {m: on(m, files).stdout for m in (CN, GPU, HM)} == before
+
+
+def test_a_node_refused_for_its_memory_registers_again_when_converged(lab):
+    # a node whose slurmd declared more memory than it has, as an older declaration did: refused
+    on(CN, "sed -i 's/RealMemory=[0-9]*/RealMemory=%d/' /etc/default/slurmd" % (os_memory(CN) + 1))
+    on(CTL, "scontrol delete nodename=%s" % CN)
+    on(CN, "systemctl restart slurmd")
+    deadline = time.time() + 60
+    while "INVALID_REG" not in on(CTL, "scontrol show node %s" % CN, check=False).stdout and time.time() < deadline:
+        time.sleep(1)
+    node = on(CTL, "scontrol show node %s" % CN).stdout
+    assert "INVALID_REG" in node and "Low RealMemory" in node, node
+    # the converge writes the declaration again; the record keeps the old one, so the refused node
+    # (no job can run on it) is deleted and registers again
+    res = LAB.playbook("site.yml")
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert re.search(r"Delete the refused node's record\] \**\n(?:(?!TASK).*\n)*?changed: \[%s" % CN, res.stdout), res.stdout[-3000:]
+    node = on(CTL, "scontrol show node %s" % CN).stdout
+    assert "State=IDLE+DYNAMIC_NORM " in node and "RealMemory=2000 " in node, node
+
+
 def test_second_converge_changes_nothing(lab):
     # the roles themselves: the fast path off, every task runs again and changes nothing
     res = LAB.playbook("site.yml", "converged_skip_unchanged=false")
