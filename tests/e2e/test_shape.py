@@ -236,30 +236,41 @@ def os_memory(host):
     return int(re.search(r"\bRealMemory=(\d+)", on(host, "slurmd -C").stdout).group(1))
 
 
-def set_metal3_memory(host, ram_mib):
+def set_metal3_hardware(host, ram_mib, cpus):
     kube().patch_namespaced_custom_object_status("metal3.io", "v1alpha1", "metal3", "baremetalhosts", host,
-                                                 {"status": {"hardware": {"ramMebibytes": ram_mib}}})
+                                                 {"status": {"hardware": {"ramMebibytes": ram_mib,
+                                                                          "cpu": {"count": cpus}}}})
 
 
-def test_memory_is_never_declared_above_what_the_os_reports(lab):
+def test_hardware_is_never_declared_above_what_the_host_shows(lab):
     seen = os_memory(CN)
+    cpus = int(re.search(r"\bCPUs=(\d+)", on(CN, "slurmd -C").stdout).group(1))
+    metal3 = kube().get_namespaced_custom_object("metal3.io", "v1alpha1", "metal3", "baremetalhosts", CN)
     files = "sha256sum /etc/default/slurmd"
     before = {m: on(m, files).stdout for m in (CN, GPU, HM)}
-    # Metal3 reports the memory installed and the OS sees less of it: the smaller is declared
-    set_metal3_memory(CN, seen + 1024)
+    # Metal3 reports the memory installed, and the OS sees less of it: the smaller is declared.
+    # Metal3's CPU count above what the host shows (CPUs offline, SMT off): slurmd's own topology.
+    set_metal3_hardware(CN, seen + 1024, cpus + 4)
     try:
         res = LAB.sh("ansible-playbook", "-i", os.path.join(LAB.state, "capi.capi_machines.yml"),
                      "playbooks/site.yml", "--check", "--diff", "--limit", CN, check=False)
         assert res.returncode == 0, res.stdout[-3000:]
-        assert re.search(r"^\+SLURMD_OPTIONS=.* RealMemory=%d " % seen, res.stdout, re.M), res.stdout[-3000:]
+        options = re.search(r"^\+SLURMD_OPTIONS=.*$", res.stdout, re.M)
+        assert options and " RealMemory=%d " % seen in options.group(0) and "CPUs=" not in options.group(0), \
+            res.stdout[-3000:]
     finally:
-        set_metal3_memory(CN, 2000)
-    # a figure above it, given by hand, fails naming both before slurmd's options are written
-    res = LAB.playbook("site.yml", "slurm_compute_real_memory=%d" % (seen + 1))
-    assert res.returncode != 0
-    assert "%s: slurm_compute_real_memory %d MiB is more than the %d MiB the OS reports" % (CN, seen + 1, seen) \
-        in res.stdout, res.stdout[-3000:]
-    assert not re.search(r"changed=[1-9]", res.stdout), res.stdout[-3000:]
+        hardware = metal3["status"]["hardware"]
+        set_metal3_hardware(CN, hardware["ramMebibytes"], hardware["cpu"]["count"])
+    # figures above them, given by hand, fail naming both before slurmd's options are written
+    for extra, message in (("slurm_compute_real_memory=%d" % (seen + 1),
+                            "%s: slurm_compute_real_memory %d MiB is more than the %d MiB the OS reports"
+                            % (CN, seen + 1, seen)),
+                           ("slurm_compute_cpus=%d" % (cpus + 1),
+                            "%s: slurm_compute_cpus %d is more than the %d CPUs the host shows" % (CN, cpus + 1, cpus))):
+        res = LAB.playbook("site.yml", extra)
+        assert res.returncode != 0
+        assert message in res.stdout, res.stdout[-3000:]
+        assert not re.search(r"changed=[1-9]", res.stdout), res.stdout[-3000:]
     assert {m: on(m, files).stdout for m in (CN, GPU, HM)} == before
 
 
@@ -356,6 +367,11 @@ def test_a_gpu_node_added_by_its_machine_deployment_joins_with_its_gpus(lab):
     assert sorted(r for r in rows if r.strip()) == ["%s idle gpu:lab:2" % GPU, "%s idle gpu:lab:2" % new]
     assert on(CTL, "srun -p gpu -w %s --gres=gpu:2 printenv CUDA_VISIBLE_DEVICES" % new).stdout.strip() == "0,1"
     assert on(CTL, "srun -p gpu -w %s --gres=gpu:2 printenv CUDA_VISIBLE_DEVICES" % GPU).stdout.strip() == "0,1"
+    # the node took jobs only once what they run with was there: MPICH read back before slurmd started
+    with open(os.path.join(LAB.state, "logs", "scale_up.log")) as handle:
+        log = handle.read()
+    assert log.index("TASK [converged.hpc.mpich : Read the MPICH version]") \
+        < log.index("TASK [converged.hpc.slurm_compute : Start slurmd now and at boot]"), log[-3000:]
 
 
 def test_a_new_host_applies_its_machines_bootstrap_data_at_first_boot(lab):
