@@ -288,9 +288,36 @@ def test_a_node_refused_for_its_memory_registers_again_when_converged(lab):
     # (no job can run on it) is deleted and registers again
     res = LAB.playbook("site.yml")
     assert res.returncode == 0, res.stdout[-3000:]
-    assert re.search(r"Delete the refused node's record\] \**\n(?:(?!TASK).*\n)*?changed: \[%s" % CN, res.stdout), res.stdout[-3000:]
+    assert re.search(r"Delete the node's record\] \**\n(?:(?!TASK).*\n)*?changed: \[%s" % CN, res.stdout), res.stdout[-3000:]
     node = on(CTL, "scontrol show node %s" % CN).stdout
     assert "State=IDLE+DYNAMIC_NORM " in node and "RealMemory=2000 " in node, node
+
+
+def test_a_changed_declaration_reaches_slurm_at_once_on_an_idle_node_and_waits_on_a_busy_one(lab):
+    def record():
+        return on(CTL, "scontrol show node --oneliner %s" % HM).stdout
+
+    # idle and not drained: the node registers again with the new declaration
+    res = LAB.playbook("site.yml", "slurm_compute_mem_spec=512", limit=HM)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "MemSpecLimit=512 " in record() and "State=IDLE+DYNAMIC_NORM " in record(), record()
+    # busy: the record keeps its declaration, nothing is stopped, the run says what waits
+    job = on(CTL, "sbatch --parsable -p highmem -w %s --wrap 'sleep 600'" % HM).stdout.strip()
+    try:
+        deadline = time.time() + 60
+        while "JobState=RUNNING" not in job_state(job) and time.time() < deadline:
+            time.sleep(1)
+        res = LAB.playbook("site.yml", limit=HM)
+        assert res.returncode == 0, res.stdout[-3000:]
+        assert "%s keeps the declaration Slurm recorded (MemSpecLimit 512 -> 256)" % HM in res.stdout, res.stdout[-3000:]
+        assert "JobState=RUNNING" in job_state(job) and "MemSpecLimit=512 " in record(), record()
+    finally:
+        on(CTL, "scancel %s" % job)
+    wait_gone_from_queue(job)
+    # the host stayed out of the fast path: the next converge applies it, now that the node is idle
+    res = LAB.playbook("site.yml")
+    assert res.returncode == 0 and NOTHING_TO_DO not in res.stdout, res.stdout[-3000:]
+    assert "MemSpecLimit=256 " in record() and "State=IDLE+DYNAMIC_NORM " in record(), record()
 
 
 def test_second_converge_changes_nothing(lab):

@@ -1,0 +1,90 @@
+# -*- coding: utf-8 -*-
+# Copyright: converged.hpc contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Where Slurm's record of a dynamic node differs from what the node declares."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+name: slurm_record_drift
+short_description: Where Slurm's record of a node differs from the node's declaration
+version_added: 0.2.0
+author: converged.hpc contributors (@converged-hpc)
+description:
+  - Slurm keeps the declaration a dynamic node registered with for as long as its record exists, and
+    ignores a changed C(slurmd --conf). This compares the record (C(scontrol show node --oneliner))
+    with the declaration the node's options now carry.
+  - Compared are C(RealMemory), C(MemSpecLimit) (absent is 0), C(Gres) (the record's socket affinity,
+    C((S:0-1)), is left out; the order of several GRES does not matter) and C(CPUs) (the record's
+    C(CPUTot)); a key missing from O(declared) is not compared.
+positional: declared
+options:
+  _input:
+    description: The node's line from C(scontrol show node --oneliner).
+    type: str
+    required: true
+  declared:
+    description: The declared values, by the keys above.
+    type: dict
+    required: true
+"""
+
+EXAMPLES = r"""
+# ['MemSpecLimit 256 -> 512']
+drift: "{{ scontrol_line | converged.hpc.slurm_record_drift({'RealMemory': 4000, 'MemSpecLimit': 512}) }}"
+"""
+
+RETURN = r"""
+_value:
+  description: One C(<key> <recorded> -> <declared>) per difference; empty when the record is as declared.
+  type: list
+  elements: str
+"""
+
+import re
+
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.common.text.converters import to_text
+
+# the record's field each declared key is shown as, and its value when the record lacks it
+_FIELDS = {"RealMemory": ("RealMemory", None), "MemSpecLimit": ("MemSpecLimit", "0"),
+           "Gres": ("Gres", ""), "CPUs": ("CPUTot", None)}
+
+
+def _gres(value):
+    items = (re.sub(r"\(S:[^)]*\)$", "", item.strip()) for item in to_text(value).split(","))
+    return ",".join(sorted(item for item in items if item and item != "(null)"))
+
+
+def _normal(key, value):
+    if value is None:
+        return None
+    return _gres(value) if key == "Gres" else to_text(value).strip()
+
+
+def slurm_record_drift(record, declared):
+    """'<key> <recorded> -> <declared>' for each declared key the record shows otherwise."""
+    if not isinstance(declared, dict):
+        raise AnsibleFilterError("slurm_record_drift expects a dict of declared values, got %s"
+                                 % type(declared).__name__)
+    record = to_text(record or "")
+    if not re.search(r"\bNodeName=\S+", record):
+        raise AnsibleFilterError("slurm_record_drift: %r is not a node's line from scontrol show node" % record[:200])
+    drift = []
+    for key, value in declared.items():
+        if key not in _FIELDS:
+            raise AnsibleFilterError("slurm_record_drift: cannot compare %s (only %s)" % (key, ", ".join(_FIELDS)))
+        field, missing = _FIELDS[key]
+        found = re.search(r"(?:^|\s)%s=(\S*)" % field, record)
+        have = _normal(key, found.group(1) if found else missing)
+        want = _normal(key, value)
+        if have != want:
+            drift.append("%s %s -> %s" % (key, have if have not in (None, "") else "none", want or "none"))
+    return drift
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"slurm_record_drift": slurm_record_drift}
