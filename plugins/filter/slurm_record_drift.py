@@ -17,7 +17,8 @@ description:
     ignores a changed C(slurmd --conf). This compares the record (C(scontrol show node --oneliner))
     with the declaration the node's options now carry.
   - Compared are C(RealMemory), C(MemSpecLimit) (absent is 0), C(Gres) (the record's socket affinity,
-    C((S:0-1)), is left out; the order of several GRES does not matter) and C(CPUs) (the record's
+    C((S:0-1)), is left out; the order of several GRES does not matter; one declared without a type,
+    C(gpu:2), is the record's C(gpu:a100:2) that autodetection typed) and C(CPUs) (the record's
     C(CPUTot)); a key missing from O(declared) is not compared.
 positional: declared
 options:
@@ -58,6 +59,36 @@ def _gres(value):
     return ",".join(sorted(item for item in items if item and item != "(null)"))
 
 
+def _gres_counts(text):
+    """{name: {type or None: count}} of a GRES list as _gres writes it."""
+    counts = {}
+    for item in text.split(",") if text else ():
+        parts = item.split(":")
+        name, kind = parts[0], parts[1] if len(parts) == 3 else None
+        count = parts[-1] if len(parts) > 1 else "1"
+        counts.setdefault(name, {})[kind] = count
+    return counts
+
+
+def _gres_same(have, want):
+    """A GRES declared without a type (gpu:2) is what a record with one shows (gpu:a100:2, the type
+    found by autodetection): the count per name is compared then."""
+    have, want = _gres_counts(have), _gres_counts(want)
+    if set(have) != set(want):
+        return False
+    for name, kinds in want.items():
+        if list(kinds) == [None]:
+            try:
+                total = sum(int(count) for count in have[name].values())
+            except ValueError:
+                return False
+            if to_text(total) != kinds[None]:
+                return False
+        elif kinds != have[name]:
+            return False
+    return True
+
+
 def _normal(key, value):
     if value is None:
         return None
@@ -80,7 +111,7 @@ def slurm_record_drift(record, declared):
         found = re.search(r"(?:^|\s)%s=(\S*)" % field, record)
         have = _normal(key, found.group(1) if found else missing)
         want = _normal(key, value)
-        if have != want:
+        if have != want and not (key == "Gres" and _gres_same(have, want)):
             drift.append("%s %s -> %s" % (key, have if have not in (None, "") else "none", want or "none"))
     return drift
 

@@ -51,3 +51,14 @@ def test_what_it_cannot_compare_is_refused_by_name():
         slurm_record_drift("Node hlab-cn-09 not found", {"RealMemory": 2000})
     with pytest.raises(AnsibleFilterError, match="expects a dict"):
         slurm_record_drift(GPU, ["RealMemory"])
+
+
+def test_a_gres_declared_without_a_type_is_the_typed_one_autodetection_recorded():
+    line = PLAIN.replace("Gres=(null)", "Gres=gpu:a100:4(S:0-1)")
+    assert slurm_record_drift(line, {"Gres": "gpu:4"}) == []
+    assert slurm_record_drift(line, {"Gres": "gpu:2"}) == ["Gres gpu:a100:4 -> gpu:2"]
+    mixed = PLAIN.replace("Gres=(null)", "Gres=gpu:a100:2(S:0),gpu:v100:2(S:1)")
+    assert slurm_record_drift(mixed, {"Gres": "gpu:4"}) == []
+    # a typed declaration is compared type by type
+    assert slurm_record_drift(line, {"Gres": "gpu:h100:4"}) == ["Gres gpu:a100:4 -> gpu:h100:4"]
+    assert slurm_record_drift(line, {"Gres": "gpu:4,shard:8"}) == ["Gres gpu:a100:4 -> gpu:4,shard:8"]
