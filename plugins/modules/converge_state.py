@@ -52,6 +52,16 @@ options:
         False makes the host differ, so the converge puts the hook back.
     type: bool
     default: true
+  slurm_nodes:
+    description:
+      - With C(check), Slurm node names, each with the C(MemSpecLimit) it declares (MiB, 0 for none). One
+        C(scontrol show node --oneliner) reads their records from slurmctld. A node without a record, or whose
+        record shows another C(MemSpecLimit), is a difference (state inside slurmctld, not in any file).
+      - Slurm 22.05 does not keep a dynamic node's C(MemSpecLimit) across a slurmctld restart or a takeover by
+        the backup, and C(scontrol update) cannot set it. Only the node registering again brings it back.
+      - Give it on one host that has C(scontrol) (a controller).
+    type: dict
+    default: {}
   stamp:
     description: Where the stamp is kept.
     type: path
@@ -89,7 +99,9 @@ current:
   returned: always
   type: bool
 reasons:
-  description: With C(check), what differs, at most 20 entries (C(no stamp), C(inputs changed), a path, a unit, the mounts).
+  description:
+    - With C(check), what differs, at most 20 entries (C(no stamp), C(inputs changed), a path, a unit, the mounts,
+      a Slurm node's record).
   returned: always
   type: list
   elements: str
@@ -195,6 +207,32 @@ def network_mounts(path="/proc/mounts"):
     return sorted(out)
 
 
+def slurm_record_differences(module, declared):
+    """What differs between the nodes' records in slurmctld and what they declare (MemSpecLimit), named."""
+    if not declared:
+        return []
+    scontrol = module.get_bin_path("scontrol")
+    if scontrol is None:
+        return ["Slurm's node records could not be read: no scontrol on this host"]
+    rc, out, err = module.run_command([scontrol, "show", "node", "--oneliner"])
+    if rc != 0:
+        return ["Slurm's node records could not be read: %s" % (err.strip() or out.strip() or "scontrol exit %d" % rc)]
+    records = {}
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "NodeName" in fields:
+            records[fields["NodeName"]] = fields
+    reasons = []
+    for node in sorted(declared):
+        if node not in records:
+            reasons.append("Slurm has no record of node %s" % node)
+            continue
+        seen = records[node].get("MemSpecLimit", "0")
+        if str(seen) != str(declared[node]):
+            reasons.append("node %s's record has MemSpecLimit %s, it declares %s" % (node, seen, declared[node]))
+    return reasons
+
+
 def observe(module, params):
     return {
         "format": FORMAT,
@@ -263,12 +301,18 @@ def main():
             stat_only=dict(type="list", elements="path", default=[]),
             units=dict(type="list", elements="str", default=[]),
             held=dict(type="bool", default=True),
+            slurm_nodes=dict(type="dict", default={}),
             stamp=dict(type="path", default="/var/lib/converged-hpc/converge-state.json"),
         ),
         required_if=[("state", "present", ["digest"]), ("state", "check", ["digest"])],
         supports_check_mode=True,
     )
     params = module.params
+    bad = ["%s: %r" % (node, limit) for node, limit in params["slurm_nodes"].items()
+           if not str(limit).isdigit()]
+    if bad:
+        module.fail_json(msg="slurm_nodes: a MemSpecLimit is a whole number of MiB (%s)" % ", ".join(bad))
+    params["slurm_nodes"] = {node: int(limit) for node, limit in params["slurm_nodes"].items()}
     for name in ("trees", "stat_only"):
         bad = [p for p in params[name] if not os.path.isabs(p)]
         if bad:
@@ -283,6 +327,7 @@ def main():
     now = observe(module, params)
     if params["state"] == "check":
         reasons = differences(recorded, now)
+        reasons += slurm_record_differences(module, params["slurm_nodes"])
         if not params["held"]:
             reasons.insert(0, "the Machine lacks the deletion hook")
         module.exit_json(changed=False, current=not reasons, reasons=reasons[:MAX_REASONS])

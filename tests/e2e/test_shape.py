@@ -350,14 +350,23 @@ def test_an_unchanged_cluster_is_left_after_one_check(lab):
 def test_drift_on_any_host_converges_everything_again(lab):
     on(CN, "echo '# drift' >> /etc/default/slurmd")          # a file a role writes
     on(CTL, "systemctl stop sssd")                              # a service a role runs
+    # state inside slurmctld: Slurm 22.05 forgets a dynamic node's MemSpecLimit when slurmctld restarts
+    on(CTL, "systemctl restart slurmctld && until scontrol ping | grep -q 'is UP'; do sleep 0.5; done")
+    assert "MemSpecLimit=" not in on(CTL, "scontrol show node --oneliner %s" % CN).stdout
+    on(CTL, "scontrol delete nodename=%s" % HM)               # a record deleted by hand; its slurmd runs on
     kube().patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machines", GPU,
                                           {"metadata": {"annotations": {HOOK: None}}})  # our hook, taken off
     res = LAB.playbook("site.yml")
     assert res.returncode == 0, res.stdout[-3000:]
     assert NOTHING_TO_DO not in res.stdout and "converging in full" in res.stdout
+    why = re.search(r"converging in full.*", res.stdout).group(0)
     assert "%s: /etc/default/slurmd changed" % CN in res.stdout
     assert "%s: unit sssd is loaded/inactive/enabled (was loaded/active/enabled)" % CTL in res.stdout
     assert "%s: the Machine lacks the deletion hook" % GPU in res.stdout
+    # asked on the controller: what slurmctld forgot on its restart, and the record deleted by hand
+    ctl_reasons = re.search(r"; %s: ([^;]*)" % CTL, why).group(1)
+    assert "node %s's record has MemSpecLimit 0, it declares 256" % CN in ctl_reasons, why
+    assert "Slurm has no record of node %s" % HM in ctl_reasons, why
     assert "converged.hpc.slurm_controller" in role_tasks(res.stdout)  # every host, not only the three
     # repaired: the file rendered again (slurmd restarted), sssd running, the hook back
     assert "# drift" not in on(CN, "cat /etc/default/slurmd").stdout
@@ -365,6 +374,8 @@ def test_drift_on_any_host_converges_everything_again(lab):
     machine = kube().get_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machines", GPU)
     assert machine["metadata"]["annotations"].get(HOOK) == "converged-hpc"
     assert on(CTL, "sinfo --noheader --Node --format '%%N %%t' --nodes %s" % CN).stdout.split() == [CN, "idle"]
+    for node in (CN, GPU, HM):  # each idle node registered again, and its record has it back
+        assert "MemSpecLimit=256 " in on(CTL, "scontrol show node --oneliner %s" % node).stdout, node
     res = LAB.playbook("site.yml")
     assert res.returncode == 0 and NOTHING_TO_DO in res.stdout, res.stdout[-3000:]
 

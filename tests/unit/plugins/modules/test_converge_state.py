@@ -141,3 +141,71 @@ def test_a_damaged_stamp_counts_as_none(host):
     recorded(host)
     host.stamp.write_text("{not json")
     assert host()["reasons"][0].startswith("no stamp")
+
+
+# scontrol show node --oneliner as slurmctld 22.05 prints it (a lab node; the OS field holds spaces)
+RECORD = ("NodeName=%s Arch=x86_64 CoresPerSocket=2  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=0.95 AvailableFeatures=compute "
+          "ActiveFeatures=compute Gres=(null) NodeAddr=10.89.90.21 NodeHostName=%s Version=22.05.8 OS=Linux 6.1.0 #1 "
+          "SMP PREEMPT_DYNAMIC @0  RealMemory=2000 AllocMem=0 FreeMem=22667 Sockets=1 Boards=1 %sState=IDLE+DYNAMIC_NORM "
+          "ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=compute CfgTRES=cpu=2,mem=2000M,billing=2")
+
+FAKE_SCONTROL = r'''#!/usr/bin/env python3
+import os, sys
+assert sys.argv[1:] == ["show", "node", "--oneliner"], sys.argv
+text = open(os.environ["FAKE_RECORDS"]).read()
+if text.startswith("ERROR "):
+    sys.stderr.write(text[6:])
+    sys.exit(1)
+sys.stdout.write(text)
+'''
+
+
+@pytest.fixture
+def slurmctld(host):
+    """host, with a stand-in scontrol whose records come from a file; records(**{node: MemSpecLimit or None})."""
+    (host.tmp / "bin" / "scontrol").write_text(FAKE_SCONTROL)
+    (host.tmp / "bin" / "scontrol").chmod(0o755)
+    path = host.tmp / "records"
+
+    def records(**nodes):
+        path.write_text("".join(RECORD % (n, n, "" if limit is None else "MemSpecLimit=%d " % limit) + "\n"
+                                for n, limit in nodes.items()))
+
+    def run(**params):
+        return run_module("converge_state", dict({"digest": "d1", "trees": [str(host.etc / "slurm")],
+                                                  "stamp": str(host.stamp)}, **params),
+                          host.tmp / "bin", FAKE_RECORDS=str(path))
+
+    run.records, run.path = records, path
+    run(state="present")
+    return run
+
+
+def test_a_node_record_as_declared_is_no_difference(slurmctld):
+    slurmctld.records(**{"cn-01": 256, "cn-02": None})
+    out = slurmctld(slurm_nodes={"cn-01": 256, "cn-02": 0})
+    assert out["current"] is True and out["reasons"] == []
+
+
+def test_a_memspeclimit_lost_by_slurmctld_or_a_missing_record_is_a_difference(slurmctld):
+    # slurmctld 22.05 restarted: the dynamic node's record no longer shows the MemSpecLimit it registered with
+    slurmctld.records(**{"cn-01": None, "cn-03": 128})
+    out = slurmctld(slurm_nodes={"cn-01": 256, "cn-02": 0, "cn-03": "512"})
+    assert out["current"] is False
+    assert out["reasons"] == ["node cn-01's record has MemSpecLimit 0, it declares 256", "Slurm has no record of node cn-02",
+                              "node cn-03's record has MemSpecLimit 128, it declares 512"]
+
+
+def test_records_that_cannot_be_read_are_a_difference(slurmctld):
+    slurmctld.path.write_text("ERROR slurm_load_node error: Unable to contact slurm controller (connect failure)\n")
+    out = slurmctld(slurm_nodes={"cn-01": 256})
+    assert out["current"] is False
+    assert out["reasons"] == ["Slurm's node records could not be read: slurm_load_node error: Unable to contact slurm "
+                              "controller (connect failure)"]
+    assert slurmctld()["current"] is True  # no node named: slurmctld is not asked
+
+
+def test_a_memspeclimit_that_is_not_a_number_fails_naming_it(slurmctld):
+    slurmctld.records(**{"cn-01": 256})
+    out = slurmctld(slurm_nodes={"cn-01": "256M"})
+    assert out["failed"] and out["msg"] == "slurm_nodes: a MemSpecLimit is a whole number of MiB (cn-01: '256M')"
