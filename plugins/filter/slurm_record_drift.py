@@ -48,6 +48,7 @@ import re
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
+from ansible_collections.converged.hpc.plugins.module_utils.slurm_text import parse_node
 
 # the record's field each declared key is shown as, and its value when the record lacks it
 _FIELDS = {"RealMemory": ("RealMemory", None), "MemSpecLimit": ("MemSpecLimit", "0"),
@@ -101,15 +102,15 @@ def slurm_record_drift(record, declared):
         raise AnsibleFilterError("slurm_record_drift expects a dict of declared values, got %s"
                                  % type(declared).__name__)
     record = to_text(record or "")
-    if not re.search(r"\bNodeName=\S+", record):
+    fields = parse_node(record)
+    if not fields.get("NodeName"):
         raise AnsibleFilterError("slurm_record_drift: %r is not a node's line from scontrol show node" % record[:200])
     drift = []
     for key, value in declared.items():
         if key not in _FIELDS:
             raise AnsibleFilterError("slurm_record_drift: cannot compare %s (only %s)" % (key, ", ".join(_FIELDS)))
         field, missing = _FIELDS[key]
-        found = re.search(r"(?:^|\s)%s=(\S*)" % field, record)
-        have = _normal(key, found.group(1) if found else missing)
+        have = _normal(key, fields.get(field, missing))
         want = _normal(key, value)
         if have != want and not (key == "Gres" and _gres_same(have, want)):
             drift.append("%s %s -> %s" % (key, have if have not in (None, "") else "none", want or "none"))

@@ -114,6 +114,7 @@ import stat
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.converged.hpc.plugins.module_utils.slurm_text import parse_nodes
 
 FORMAT = 1
 NETWORK_FS = ("nfs", "nfs4", "fuse.", "ceph", "cifs", "lustre", "glusterfs", "beegfs", "gpfs")
@@ -217,11 +218,7 @@ def slurm_record_differences(module, declared):
     rc, out, err = module.run_command([scontrol, "show", "node", "--oneliner"])
     if rc != 0:
         return ["Slurm's node records could not be read: %s" % (err.strip() or out.strip() or "scontrol exit %d" % rc)]
-    records = {}
-    for line in out.splitlines():
-        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        if "NodeName" in fields:
-            records[fields["NodeName"]] = fields
+    records = {record["NodeName"]: record for record in parse_nodes(out)}
     reasons = []
     for node in sorted(declared):
         if node not in records:
