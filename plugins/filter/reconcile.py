@@ -13,12 +13,18 @@ short_description: Compare the Cluster API inventory with the nodes Slurm knows
 version_added: 0.2.0
 author: converged.hpc contributors (@converged-hpc)
 description:
-  - Input is the output lines of C(sinfo --noheader --Node --format '%N|%t|%f') (a node once per partition is
-    fine). Returns what differs, each as a list
+  - Input is the output lines of C(scontrol show node --oneliner), one record a node. Returns what differs, each
+    as a list
   - C(new) - hosts of role compute (group C(converged_compute)) that Slurm does not know.
-  - C(repair) - such hosts that Slurm knows but that do not respond (state C(*), C(unk)), or whose features
-    differ from the contract's C(converged_slurm_features).
+  - C(repair) - such hosts that Slurm knows but that do not respond (C(NOT_RESPONDING), C(UNKNOWN)), whose features
+    differ from the contract's C(converged_slurm_features), or whose record lost its C(MemSpecLimit) while the node is
+    idle and not drained (a converge registers it again, which only an idle node can).
   - C(features) - of those, C({host, node, want, have}) where the features differ.
+  - C(memory) - C({host, node, want, have}) where the record's C(MemSpecLimit) (absent is 0) is not the host's
+    C(slurm_compute_mem_spec) (default 0). Slurm 22.05 forgets a dynamic node's C(MemSpecLimit) when slurmctld
+    restarts or a backup takes over, and keeps everything else of its record.
+  - C(memory_pending) - of those, the hosts whose node runs jobs or is drained, which keep the record as it is until
+    it is idle (reported, not repaired, not a failure).
   - C(leaving) - hosts of C(converged_leaving_compute) whose Machine still holds our hook (scale-down's work),
     unless this run released it (host variable C(converged_hook_released)).
   - C(ghosts) - Slurm nodes with no Machine behind them that no longer respond and carry the feature of a
@@ -28,7 +34,7 @@ description:
 positional: hostvars, groups, node_types, hook_key
 options:
   _input:
-    description: C(sinfo) output lines.
+    description: C(scontrol show node --oneliner) output lines (C(No nodes in the system) is none).
     type: list
     elements: str
     required: true
@@ -65,12 +71,13 @@ options:
 
 EXAMPLES = r"""
 plan: >-
-  {{ sinfo.stdout_lines | converged.hpc.reconcile_plan(hostvars, groups, converged_compute_node_types, hook_key) }}
+  {{ scontrol.stdout_lines | converged.hpc.reconcile_plan(hostvars, groups, converged_compute_node_types, hook_key) }}
 """
 
 RETURN = r"""
 _value:
-  description: C(new), C(repair), C(features), C(leaving), C(ghosts), C(ghosts_alive), C(hint_unknown), C(idle),
+  description: C(new), C(repair), C(features), C(memory), C(memory_pending), C(leaving), C(ghosts), C(ghosts_alive),
+    C(hint_unknown), C(idle),
     C(slurm_nodes) (how many nodes Slurm knows).
   type: dict
 """
@@ -79,27 +86,44 @@ import yaml
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.collections import is_sequence
+from ansible_collections.converged.hpc.plugins.module_utils.slurm_text import parse_node
 
 
-def parse_sinfo(lines):
-    """{node: {"state": compact state, "features": set}} from `sinfo -N -h -o '%N|%t|%f'` lines."""
+def parse_records(lines):
+    """{node: {"state", "features", "responding", "down", "free", "mem_spec"}} from C(scontrol show node --oneliner)."""
     nodes = {}
     for line in lines or ():
-        parts = str(line).strip().split("|")
-        if len(parts) != 3 or not parts[0]:
-            if str(line).strip():
-                raise AnsibleFilterError("reconcile_plan: cannot read sinfo line %r (want 'name|state|features')"
-                                         % str(line))
+        text = str(line).strip()
+        if not text or text == "No nodes in the system":
             continue
-        name, state, features = parts
-        have = set() if features in ("", "(null)") else set(features.split(","))
-        nodes[name] = {"state": state, "features": have}
+        record = parse_node(text) if text.startswith("NodeName=") else {}
+        if not record.get("NodeName") or "State" not in record:
+            raise AnsibleFilterError("reconcile_plan: cannot read %r (want a line of scontrol show node --oneliner)"
+                                     % text[:200])
+        state = record["State"].split("+")
+        base, flags = state[0].rstrip("*"), set(state[1:])
+        responding = not (state[0].endswith("*") or "NOT_RESPONDING" in flags or base == "UNKNOWN")
+        features = record.get("AvailableFeatures", "")
+        nodes[record["NodeName"]] = {
+            "state": record["State"],
+            "features": set() if features in ("", "(null)") else set(features.split(",")),
+            "responding": responding,
+            "down": base == "DOWN",
+            # what the slurm_compute role calls free: idle, and neither drained nor draining
+            "free": responding and base == "IDLE" and flags <= {"DYNAMIC_NORM"},
+            "mem_spec": record.get("MemSpecLimit", "0"),
+        }
     return nodes
 
 
-def responding(state):
-    """sinfo's compact state: a trailing * means the node does not respond; unk: it never registered."""
-    return not (state.endswith("*") or state.startswith("unk"))
+def mem_spec(host, hv):
+    """The MemSpecLimit a host declares (slurm_compute_mem_spec, MiB, 0 for none), as a string."""
+    value = hv.get("slurm_compute_mem_spec", 0)
+    try:
+        return str(int(value or 0))
+    except (TypeError, ValueError):
+        raise AnsibleFilterError("reconcile_plan: %s: slurm_compute_mem_spec %r is not a whole number of MiB"
+                                 % (host, value))
 
 
 def hint_names(hint):
@@ -125,14 +149,14 @@ def hint_names(hint):
 def reconcile_plan(lines, hostvars, groups, node_types, hook_key, hint=None, capi_var="capi"):
     if not isinstance(groups, dict):
         raise AnsibleFilterError("reconcile_plan: groups must be a dict")
-    slurm = parse_sinfo(lines)
+    slurm = parse_records(lines)
     if isinstance(node_types, dict):
         compute_types = {name for name, spec in node_types.items()
                          if isinstance(spec, dict) and spec.get("role") == "compute"}
     else:  # the names of the compute node types (the contract's converged_compute_node_types)
         compute_types = {str(name) for name in node_types or ()}
-    plan = {"new": [], "repair": [], "features": [], "leaving": [], "ghosts": [], "ghosts_alive": [],
-            "hint_unknown": [], "slurm_nodes": len(slurm)}
+    plan = {"new": [], "repair": [], "features": [], "memory": [], "memory_pending": [], "leaving": [], "ghosts": [],
+            "ghosts_alive": [], "hint_unknown": [], "slurm_nodes": len(slurm)}
     ours, machines = set(), set()
 
     for host in groups.get("converged_compute") or ():
@@ -149,7 +173,12 @@ def reconcile_plan(lines, hostvars, groups, node_types, hook_key, hint=None, cap
         drift = set(want) != have["features"]
         if drift:
             plan["features"].append({"host": host, "node": node, "want": want, "have": sorted(have["features"])})
-        if drift or not responding(have["state"]):
+        lost = have["responding"] and have["mem_spec"] != mem_spec(host, hv)
+        if lost:
+            plan["memory"].append({"host": host, "node": node, "want": mem_spec(host, hv), "have": have["mem_spec"]})
+            if not have["free"]:
+                plan["memory_pending"].append(host)
+        if drift or not have["responding"] or (lost and have["free"]):
             plan["repair"].append(host)
 
     for host in groups.get("converged_leaving_compute") or ():
@@ -167,7 +196,7 @@ def reconcile_plan(lines, hostvars, groups, node_types, hook_key, hint=None, cap
     for node, have in sorted(slurm.items()):
         if node in ours or not (have["features"] & compute_types):
             continue
-        gone = not responding(have["state"]) or have["state"].startswith("down")
+        gone = not have["responding"] or have["down"]
         plan["ghosts" if gone else "ghosts_alive"].append(node)
 
     plan["hint_unknown"] = sorted(name for name in hint_names(hint) if name not in machines)

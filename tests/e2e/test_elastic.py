@@ -634,6 +634,37 @@ def test_the_primary_controller_killed_during_a_drain(lab):
     completed([on(CTL, "sbatch --parsable --wrap hostname").stdout.strip()])
 
 
+def test_a_reconcile_after_a_takeover_registers_each_idle_node_again_and_leaves_a_busy_one(lab):
+    # the backup took over and the primary took control back (above): each time slurmctld restored the
+    # dynamic nodes' records from its state files, and Slurm 22.05 drops their MemSpecLimit there
+    (machine,) = compute_machines(lab, deleting=False)
+    node = hostname(machine)
+
+    def mem_spec():
+        found = re.search(r"MemSpecLimit=(\d+)", on(CTL, "scontrol show node --oneliner %s" % node).stdout)
+        return found.group(1) if found else None
+
+    assert mem_spec() is None
+    lost = "%s: its record has MemSpecLimit 0, it declares 256" % node
+    # busy: named, its record and its job left as they are, the run green
+    job = submit(node, seconds=30)
+    res = LAB.playbook("reconcile.yml")
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert lost + " (runs jobs or is drained: registered again once it is idle, by a later run)" in res.stdout, \
+        res.stdout[-3000:]
+    assert job_state(job) == "RUNNING" and mem_spec() is None
+    completed([job])
+    # idle: the next run converges it again, and it registers with its MemSpecLimit
+    started = time.time()
+    res = LAB.playbook("reconcile.yml")
+    assert res.returncode == 0, res.stdout[-3000:]
+    record("reconcile: an idle node's lost MemSpecLimit back (registered again)", time.time() - started)
+    assert lost + "\"" in res.stdout and "converge again none" not in res.stdout, res.stdout[-3000:]
+    assert mem_spec() == "256" and slurm_nodes()[node] == "idle"
+    res = LAB.playbook("reconcile.yml")
+    assert res.returncode == 0 and "reconcile: nothing to do" in res.stdout, res.stdout[-3000:]
+
+
 def test_the_primary_controller_machine_deleted_hands_over_then_releases(lab):
     global CTL
     assert HOOK in lab.get_namespaced_custom_object(G, V, NS, "machines", PRIMARY)["metadata"]["annotations"]
