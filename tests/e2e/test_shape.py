@@ -356,6 +356,15 @@ def test_drift_on_any_host_converges_everything_again(lab):
     on(CTL, "scontrol delete nodename=%s" % HM)               # a record deleted by hand; its slurmd runs on
     kube().patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machines", GPU,
                                           {"metadata": {"annotations": {HOOK: None}}})  # our hook, taken off
+    # check mode says what a run would do for the missing record, and does not wait for it
+    pid = on(HM, "systemctl show -p MainPID --value slurmd").stdout.strip()
+    res = LAB.sh("ansible-playbook", "-i", os.path.join(LAB.state, "capi.capi_machines.yml"), "playbooks/site.yml",
+                 "--check", "-e", "converged_skip_unchanged=false", "--limit", HM, check=False)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "check mode: Slurm has no record of %s; a run would restart slurmd on %s and wait for it to register" \
+        % (HM, HM) in res.stdout, res.stdout[-3000:]
+    assert on(HM, "systemctl show -p MainPID --value slurmd").stdout.strip() == pid
+    assert "Node %s not found" % HM in on(CTL, "scontrol show node %s 2>&1" % HM, check=False).stdout
     res = LAB.playbook("site.yml")
     assert res.returncode == 0, res.stdout[-3000:]
     assert NOTHING_TO_DO not in res.stdout and "converging in full" in res.stdout
