@@ -100,9 +100,8 @@ def parse_records(lines):
         if not record.get("NodeName") or "State" not in record:
             raise AnsibleFilterError("reconcile_plan: cannot read %r (want a line of scontrol show node --oneliner)"
                                      % text[:200])
-        state = record["State"].split("+")
-        base, flags = state[0].rstrip("*"), set(state[1:])
-        responding = not (state[0].endswith("*") or "NOT_RESPONDING" in flags or base == "UNKNOWN")
+        base, *flags = record["State"].split("+")
+        responding = not ("NOT_RESPONDING" in flags or base == "UNKNOWN")
         features = record.get("AvailableFeatures", "")
         nodes[record["NodeName"]] = {
             "state": record["State"],
@@ -110,7 +109,7 @@ def parse_records(lines):
             "responding": responding,
             "down": base == "DOWN",
             # what the slurm_compute role calls free: idle, and neither drained nor draining
-            "free": responding and base == "IDLE" and flags <= {"DYNAMIC_NORM"},
+            "free": responding and base == "IDLE" and set(flags) <= {"DYNAMIC_NORM"},
             "mem_spec": record.get("MemSpecLimit", "0"),
         }
     return nodes
@@ -173,9 +172,10 @@ def reconcile_plan(lines, hostvars, groups, node_types, hook_key, hint=None, cap
         drift = set(want) != have["features"]
         if drift:
             plan["features"].append({"host": host, "node": node, "want": want, "have": sorted(have["features"])})
-        lost = have["responding"] and have["mem_spec"] != mem_spec(host, hv)
+        declared = mem_spec(host, hv)
+        lost = have["responding"] and have["mem_spec"] != declared
         if lost:
-            plan["memory"].append({"host": host, "node": node, "want": mem_spec(host, hv), "have": have["mem_spec"]})
+            plan["memory"].append({"host": host, "node": node, "want": declared, "have": have["mem_spec"]})
             if not have["free"]:
                 plan["memory_pending"].append(host)
         if drift or not have["responding"] or (lost and have["free"]):
