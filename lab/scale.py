@@ -3,6 +3,7 @@ like `kubectl scale`, then run the playbook AWX would run for the event, and rep
 timings.
 
     lab/scale.py REPLICAS [--state .lab] [--cluster clab] [--node-type compute] [--pool] [--no-playbook]
+                       [--wait-idle]
 
 --pool scales the node type's MachinePool (LAB_POOLS) instead of its MachineDeployment.
 
@@ -12,6 +13,8 @@ Down: set replicas; wait until the Machines Cluster API picked are Deleting and
 With the event path running (lab/lab.sh events, which `make lab` starts), nothing
 is run by hand: it only changes the replicas and reports when the cluster has
 followed by itself (up: every new node IDLE in Slurm; down: the Machines gone).
+--wait-idle does the same for Machines that join Slurm at their first boot
+(playbooks/join_at_boot.yml): no playbook, up is done when every new node is IDLE.
 """
 
 import argparse
@@ -94,6 +97,8 @@ def main():
     ap.add_argument("--node-type", default="compute", help="the node type whose MachineDeployment to scale")
     ap.add_argument("--pool", action="store_true", help="scale the node type's MachinePool")
     ap.add_argument("--no-playbook", action="store_true", help="only scale; do not run the playbook")
+    ap.add_argument("--wait-idle", action="store_true",
+                    help="run no playbook; wait until every new node is IDLE in Slurm (it joins at boot)")
     ap.add_argument("--timeout", type=int, default=600)
     ap.add_argument("-e", "--extra-vars", action="append", default=[], help="passed to ansible-playbook")
     args = ap.parse_args()
@@ -122,12 +127,13 @@ def main():
         log(t0, "Provisioned: %s" % ", ".join(new))
         if args.no_playbook:
             return 0
-        if events_running(args.state):
+        if events_running(args.state) or args.wait_idle:
+            who = "the event path" if events_running(args.state) else "their first boot"
             names = {hostname(m) for n, m in machines(co, md, plural).items() if n in new}
-            wait(t0, "the event path to join %s" % ", ".join(sorted(names)),
-                 lambda: names <= slurm_idle(args.state), args.timeout, poll=1)
-            log(t0, "the event path joined them: IDLE %.1f s after Provisioned (nobody ran a playbook)"
-                % (time.time() - t_ready))
+            wait(t0, "%s to join %s" % (who, ", ".join(sorted(names))),
+                 lambda: names <= slurm_idle(args.state), args.timeout, poll=1 if who == "the event path" else 0.2)
+            log(t0, "%s joined them: IDLE %.1f s after Provisioned, %.1f s after the scale (nobody ran a playbook)"
+                % (who, time.time() - t_ready, time.time() - t0))
             return 0
         rc = playbook(repo, args.state, "scale_up.yml", args.extra_vars)
         log(t0, "scale_up.yml %s in %.1f s (from Provisioned to every new node IDLE)"

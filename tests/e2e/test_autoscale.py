@@ -6,7 +6,8 @@ on Machine events.
 The lab starts with no compute machine (LAB_COMPUTE=0): its compute MachineDeployment is
 at 0 replicas, autoscaled between the Cluster API autoscaler annotations' min 0 and max 3.
 Order matters (one lab, module scope): 0 -> jobs -> 3 -> every job done -> 0; jobs more
-nodes would not start scale nothing; then by hand: max reached, min kept, bad input.
+nodes would not start scale nothing; then by hand: max reached, min kept, bad input; then
+new Machines that join Slurm at their first boot (playbooks/join_at_boot.yml).
 """
 
 import base64
@@ -20,8 +21,10 @@ from kubernetes import client, config
 
 from labkit import Lab, has_podman
 
+# LAB_RAM_MIB: the BareMetalHosts report more memory than the machines show, as real ones do (Metal3's
+# figure is the memory installed), so a node that joined at boot declares what a converge would
 LAB = Lab("alab", "10.89.87", 16487, ".lab/e2e-autoscale", LAB_COMPUTE="0", LAB_DIRECTORY="0",
-          LAB_EVENTS_RULEBOOK="autoscale", LAB_AUTOSCALE_INTERVAL="10")
+          LAB_EVENTS_RULEBOOK="autoscale", LAB_AUTOSCALE_INTERVAL="10", LAB_RAM_MIB="1048576")
 STATE = LAB.state
 sh, on = LAB.sh, LAB.on
 CTL = "alab-ctl-01"
@@ -216,6 +219,127 @@ def test_dry_run_decides_and_changes_nothing(lab):
     assert "replicas %d -> 3" % before in res.stdout, res.stdout
     assert replicas(lab) == before
     on(CTL, "scancel %s" % " ".join(jobs))
+
+
+JOIN = MD + "-join"
+HOOK = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/converged-hpc"
+
+
+def join_at_boot(*args):
+    """join_at_boot.yml; its output goes to the lab's logs too (test_no_secret_in_any_log reads them)."""
+    res = sh("ansible-playbook", "-i", os.path.join(STATE, "capi.capi_machines.yml"), "playbooks/join_at_boot.yml",
+             *args, check=False)
+    with open(os.path.join(STATE, "logs", "join_at_boot.log"), "a") as fh:
+        fh.write(res.stdout + res.stderr)
+    return res
+
+
+def core():
+    return client.CoreV1Api(config.new_client_from_config(os.path.join(STATE, "capi", "kubeconfig")))
+
+
+def secret_names():
+    return [s.metadata.name for s in core().list_namespaced_secret(NS).items]
+
+
+def set_bootstrap(co, name):
+    co.patch_namespaced_custom_object(G, V, NS, "machinedeployments", MD, {"spec": {"template": {"spec": {
+        "bootstrap": {"dataSecretName": name}}}}})
+
+
+def changed_tasks(stdout, host):
+    """The tasks of an ansible-playbook run that reported changed on host."""
+    return [block.split("]", 1)[0] for block in stdout.split("TASK [")[1:]
+            if re.search(r"^changed: \[%s[\] ]" % re.escape(host), block, re.M)]
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"converged_join_at_boot": ["alab-controller"]},
+     "MachineDeployment metal3/alab-controller: its Machines are node type controller, which feeds no Slurm nodeset"),
+    ({"converged_join_at_boot": [MD], "converged_hook_name": "other"},
+     "MachineDeployment metal3/alab-compute: its template does not carry our deletion hook"),
+    ({"converged_join_at_boot": [MD], "sssd_ldap_uri": ["ldaps://alab-dir"]},
+     "MachineDeployment metal3/alab-compute: identities come from LDAP (sssd_ldap_uri ldaps://alab-dir)"),
+    ({"converged_join_at_boot": ["alab-nope"]},
+     "converged_join_at_boot names MachineDeployment alab-nope, which the cluster does not have"),
+])
+def test_what_cannot_join_at_boot_is_refused_before_anything_is_written(lab, extra, message):
+    res = join_at_boot("-e", json.dumps(extra))
+    assert res.returncode != 0 and message in res.stdout, res.stdout[-3000:]
+    assert JOIN not in secret_names()
+
+
+def test_a_secret_converged_hpc_did_not_write_is_never_overwritten(lab):
+    core().create_namespaced_secret(NS, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JOIN},
+                                         "data": {"value": base64.b64encode(b"theirs").decode()}})
+    try:
+        res = join_at_boot("-e", json.dumps({"converged_join_at_boot": [MD]}))
+        assert res.returncode != 0, res.stdout[-3000:]
+        assert "Secret %s exists and converged.hpc did not write it" % JOIN in res.stdout, res.stdout[-3000:]
+        assert base64.b64decode(core().read_namespaced_secret(JOIN, NS).data["value"]) == b"theirs"
+    finally:
+        core().delete_namespaced_secret(JOIN, NS)
+
+
+def test_new_machines_join_slurm_at_first_boot_with_no_playbook_run(lab):
+    sh("lab/lab.sh", "events-stop")  # nobody runs a playbook: the first boot does it all
+    requested = json.dumps({"converged_join_at_boot": [MD]})
+    res = join_at_boot("-e", requested)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "its new Machines join at boot once its template names the Secret " \
+           "(spec.template.spec.bootstrap.dataSecretName: %s)" % JOIN in res.stdout, res.stdout[-3000:]
+    assert changed_tasks(res.stdout, "localhost") == ["Write the Secret %s" % JOIN], res.stdout[-3000:]
+    # the key is in the Secret, nowhere in the output; written again only when it differs; check mode too
+    key = open(os.path.join(STATE, "capi", "munge.key"), "rb").read()
+    value = base64.b64decode(core().read_namespaced_secret(JOIN, NS).data["value"]).decode()
+    assert value.startswith("#cloud-config\n") and base64.b64encode(key).decode() in value
+    assert "--conf 'Feature=compute RealMemory=@MEMORY@ MemSpecLimit=256'" in value, value
+    for args in ([], ["--check"]):
+        again = join_at_boot("-e", requested, *args)
+        assert again.returncode == 0 and changed_tasks(again.stdout, "localhost") == [], again.stdout[-3000:]
+    set_bootstrap(lab, JOIN)
+    try:
+        before = {m["metadata"]["name"] for m in machines(lab)}
+        res = sh("python3", "lab/scale.py", str(replicas(lab) + 2), "--wait-idle", "--state", STATE,
+                 "--cluster", "alab", check=False, timeout=600)
+        assert res.returncode == 0 and "their first boot joined them: IDLE" in res.stdout, res.stdout + res.stderr
+        new = {m["metadata"]["name"]: m for m in machines(lab) if m["metadata"]["name"] not in before}
+        assert len(new) == 2
+        with open(os.path.join(STATE, "logs", "autoscale-figures.tsv"), "a") as fh:
+            fh.write("join at boot +2\t%s\n" % re.search(r"IDLE .*after the scale", res.stdout).group(0))
+        nodes = set()
+        for name, machine in sorted(new.items()):
+            node = next(a["address"] for a in machine["status"]["addresses"] if a["type"] == "Hostname")
+            nodes.add(node)
+            # the hook came with the template: on the Machine before its node could take a job
+            assert machine["metadata"]["annotations"].get(HOOK) == "converged-hpc", machine["metadata"]
+            record = on(CTL, "scontrol show node --oneliner %s" % node).stdout
+            assert "State=IDLE+DYNAMIC_NORM " in record and "MemSpecLimit=256 " in record, record
+            assert "AvailableFeatures=compute " in record, record
+            assert on(node, "cloud-init status").stdout.strip() == "status: done"
+            assert "]: slurmd started as Slurm node %s (RealMemory=" % node in \
+                on(node, "journalctl -t converged-hpc-join --no-pager").stdout
+            assert on(node, "stat -c '%U %a' /etc/munge/munge.key").stdout.split() == ["munge", "400"]
+            # a job runs there: munge with the cluster's key, the node's name, MPICH
+            assert on(CTL, "srun -w %s hostname" % node).stdout.strip() == node
+            assert on(CTL, "srun -w %s mpichversion" % node).stdout.startswith("MPICH Version")
+        # the Machine event's playbook finds nothing to converge; a converge of the new hosts changes
+        # nothing but its own record of them
+        res = LAB.playbook("scale_up.yml")
+        assert res.returncode == 0 and "new to Slurm: none" in res.stdout, res.stdout[-3000:]
+        res = LAB.playbook("site.yml", limit=",".join(sorted(new)))
+        assert res.returncode == 0, res.stdout[-3000:]
+        for name in new:
+            assert changed_tasks(res.stdout, name) == ["Record the host's state with the digest of this run's inputs"], \
+                res.stdout[-4000:]
+        # and they leave as any node: drained, deleted from Slurm, the hook released
+        res = sh("python3", "lab/scale.py", str(replicas(lab) - 2), "--state", STATE, "--cluster", "alab",
+                 check=False, timeout=600)
+        assert res.returncode == 0 and "Machines gone" in res.stdout, res.stdout + res.stderr
+        assert set(new) & {m["metadata"]["name"] for m in machines(lab)} == set()
+        assert not set(slurm_nodes()) & nodes, slurm_nodes()
+    finally:
+        set_bootstrap(lab, MD)
 
 
 def test_no_secret_in_any_log(lab):
