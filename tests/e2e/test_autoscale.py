@@ -332,7 +332,11 @@ def test_new_machines_join_slurm_at_first_boot_with_no_playbook_run(lab):
         for name in new:
             assert changed_tasks(res.stdout, name) == ["Record the host's state with the digest of this run's inputs"], \
                 res.stdout[-4000:]
-        # and they leave as any node: drained, deleted from Slurm, the hook released
+        # and they leave as any node: drained, deleted from Slurm, the hook released (marked, so that
+        # Cluster API picks them and not the node the lab had before)
+        for name in new:
+            lab.patch_namespaced_custom_object(G, V, NS, "machines", name, {"metadata": {"annotations": {
+                "cluster.x-k8s.io/delete-machine": "yes"}}})
         res = sh("python3", "lab/scale.py", str(replicas(lab) - 2), "--state", STATE, "--cluster", "alab",
                  check=False, timeout=600)
         assert res.returncode == 0 and "Machines gone" in res.stdout, res.stdout + res.stderr
