@@ -22,8 +22,8 @@ description:
     left out. Its template's node-type must be a node type of role compute; the template must carry our
     deletion hook (Cluster API copies template annotations to each new Machine, so the hook is on the Machine
     before its node can take a job); it declares no GRES (the controllers' gres.conf needs the node's line
-    before slurmd fetches it, so such nodes join through C(scale_up.yml)); and identities do not come from LDAP
-    (the boot does not configure SSSD, and a job must not start before its user resolves).
+    before slurmd fetches it, so such nodes join through C(scale_up.yml)). Identities from a directory are
+    configured at boot by the bootstrap data itself (SSSD before slurmd).
   - A Secret of that name that converged.hpc did not write is never overwritten.
 positional: requested, node_types, hook_key
 options:
@@ -45,10 +45,6 @@ options:
     description: Our deletion hook's annotation key.
     type: str
     required: true
-  directory:
-    description: The LDAP URIs identities come from (C(sssd_ldap_uri)); empty when there is no directory.
-    type: raw
-    default: []
   secrets:
     description: The Secrets already there, by name (C(kubernetes.core.k8s_info) resources).
     type: list
@@ -96,7 +92,7 @@ def _get(obj, *path):
     return obj if obj is not None else {}
 
 
-def join_at_boot_plan(deployments, requested, node_types, hook_key, directory=None, secrets=None,
+def join_at_boot_plan(deployments, requested, node_types, hook_key, secrets=None,
                       node_type_label="node-type", feature_label_prefix=FEATURE_LABEL_PREFIX,
                       gres_annotation=GRES_ANNOTATION):
     """See DOCUMENTATION."""
@@ -136,10 +132,6 @@ def join_at_boot_plan(deployments, requested, node_types, hook_key, directory=No
         if gres:
             errors.append("its nodes declare GRES (%s): the controllers' gres.conf needs a node's line before it "
                           "registers, so they join through scale_up.yml" % gres)
-        if directory:
-            errors.append("identities come from LDAP (sssd_ldap_uri %s): the boot does not configure SSSD, and a job "
-                          "must not start before its user resolves" % ", ".join(
-                              directory if isinstance(directory, list) else [str(directory)]))
         secret = "%s-join" % name
         there = existing.get(secret)
         if there is not None and _get(there, "metadata", "labels").get(MANAGED_BY) != OURS:

@@ -258,8 +258,8 @@ def changed_tasks(stdout, host):
      "MachineDeployment metal3/alab-controller: its Machines are node type controller, which feeds no Slurm nodeset"),
     ({"converged_join_at_boot": [MD], "converged_hook_name": "other"},
      "MachineDeployment metal3/alab-compute: its template does not carry our deletion hook"),
-    ({"converged_join_at_boot": [MD], "sssd_ldap_uri": ["ldaps://alab-dir"]},
-     "MachineDeployment metal3/alab-compute: identities come from LDAP (sssd_ldap_uri ldaps://alab-dir)"),
+    ({"converged_join_at_boot": [MD], "sssd_ldap_uri": ["http://alab-dir"]},
+     "sssd_ldap_uri 'http://alab-dir' is not an ldap:// or ldaps:// URI"),
     ({"converged_join_at_boot": ["alab-nope"]},
      "converged_join_at_boot names MachineDeployment alab-nope, which the cluster does not have"),
 ])

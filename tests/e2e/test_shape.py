@@ -4,7 +4,8 @@ a highmem node, each compute kind fed by its own MachineDeployment into its own 
 (compute, gpu, highmem); hardware as slurmd detects it with memory kept for the OS
 (MemSpecLimit); a GPU node added by scaling its MachineDeployment; the highmem nodes in a
 MachinePool scaled up and down (MachinePool Machines, held by our hook); bad declarations
-failing before any change."""
+failing before any change; a compute node that joins at its first boot with the directory's
+users (playbooks/join_at_boot.yml), a GPU MachineDeployment refused for it."""
 
 import base64
 import os
@@ -461,3 +462,54 @@ def test_a_machine_pool_scales_up_and_down_through_its_machines(lab):
     rows = on(CTL, "sinfo --noheader -p highmem --Node --format '%N %t'").stdout.split("\n")
     assert [r for r in rows if r.strip()] == ["%s idle" % HM]
     assert sh("podman", "container", "exists", new, check=False).returncode != 0
+
+
+def test_a_compute_node_joins_at_first_boot_with_its_directory_users(lab):
+    from kubernetes import client
+    core = client.CoreV1Api(api_client())
+    password = open(os.path.join(LAB.state, "directory", "bind.pw")).read().strip()
+    # GPU nodes need their gres.conf line on the controllers first: refused, nothing written
+    res = LAB.playbook("join_at_boot.yml", '{"converged_join_at_boot": ["hlab-compute", "hlab-gpu"]}')
+    assert res.returncode != 0, res.stdout[-3000:]
+    assert "MachineDeployment metal3/hlab-gpu: its nodes declare GRES (gpu:lab:2)" in res.stdout, res.stdout[-3000:]
+    assert not [s for s in core.list_namespaced_secret("metal3").items if s.metadata.name.endswith("-join")]
+    res = LAB.playbook("join_at_boot.yml", '{"converged_join_at_boot": ["hlab-compute"]}')
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert password not in res.stdout + res.stderr
+    value = base64.b64decode(core.read_namespaced_secret("hlab-compute-join", "metal3").data["value"]).decode()
+    assert "ldap_default_authtok = %s\n" % password in value and "- path: /etc/sssd/sssd.conf" in value
+    md = "hlab-compute"
+    kube().patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machinedeployments", md, {
+        "spec": {"template": {"spec": {"bootstrap": {"dataSecretName": "hlab-compute-join"}}}}})
+    try:
+        res = sh("python3", "lab/scale.py", "2", "--wait-idle", "--state", LAB.state, "--cluster", "hlab",
+                 check=False, timeout=600)
+        assert res.returncode == 0 and "their first boot joined them: IDLE" in res.stdout, res.stdout + res.stderr
+        new = "hlab-cn-02"
+        # identity before jobs: SSSD resolved the directory's user before slurmd started
+        log = on(new, "journalctl -t converged-hpc-join --no-pager").stdout
+        assert "slurmd started as Slurm node %s" % new in log, log
+        started = {unit: int(on(new, "systemctl show -P ActiveEnterTimestampMonotonic %s" % unit).stdout)
+                   for unit in ("sssd", "slurmd")}
+        assert 0 < started["sssd"] < started["slurmd"], started
+        assert on(new, "stat -c '%U %a' /etc/sssd/sssd.conf").stdout.split() == ["root", "600"]
+        assert on(new, "getent passwd alice").stdout.startswith("alice:")
+        # a directory user's job, submitted on the login node, runs there as that user
+        assert on(LOGIN, "cd /tmp && runuser -u alice -- srun -p compute -w %s id -un" % new).stdout.strip() == "alice"
+        # the converge that follows finds SSSD as the role writes it
+        machine = next(m["metadata"]["name"] for m in kube().list_namespaced_custom_object(
+            "cluster.x-k8s.io", "v1beta2", "metal3", "machines",
+            label_selector="cluster.x-k8s.io/deployment-name=%s" % md)["items"]
+            if {"type": "Hostname", "address": new} in m["status"]["addresses"])
+        res = LAB.playbook("identity.yml", limit=machine)
+        assert res.returncode == 0 and re.search(r"ok=\d+\s+changed=0", res.stdout), res.stdout[-3000:]
+        # it leaves as any node (marked, so that Cluster API picks it and not the first compute node)
+        kube().patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machines", machine, {
+            "metadata": {"annotations": {"cluster.x-k8s.io/delete-machine": "yes"}}})
+        res = sh("python3", "lab/scale.py", "1", "--state", LAB.state, "--cluster", "hlab", check=False, timeout=600)
+        assert res.returncode == 0 and "Machines gone" in res.stdout, res.stdout + res.stderr
+        nodes = on(CTL, "sinfo --noheader --Node --format %N").stdout.split()
+        assert new not in nodes and CN in nodes, nodes
+    finally:
+        kube().patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machinedeployments", md, {
+            "spec": {"template": {"spec": {"bootstrap": {"dataSecretName": md}}}}})

@@ -57,8 +57,6 @@ def test_nothing_requested_is_nothing_to_do():
      "MachineDeployment metal3/hpc-gpu: its nodes declare GRES (gpu:a100:4)"),
     ([md("hpc-compute", "compute", annotations={HOOK: "converged-hpc", "slurm.converged.hpc/gres": "gpu:2"})],
      ["hpc-compute"], {}, "its nodes declare GRES (gpu:2)"),
-    ([md("hpc-compute", "compute")], ["hpc-compute"], {"directory": ["ldaps://dir.example"]},
-     "MachineDeployment metal3/hpc-compute: identities come from LDAP (sssd_ldap_uri ldaps://dir.example)"),
     ([md("hpc-compute", "compute")], ["hpc-compute"],
      {"secrets": [{"metadata": {"name": "hpc-compute-join", "labels": {"app": "kubeadm"}}}]},
      "Secret hpc-compute-join exists and converged.hpc did not write it"),
@@ -72,8 +70,8 @@ def test_what_cannot_join_at_boot_is_refused_naming_it(deployments, requested, k
 
 
 def test_every_reason_is_named_at_once():
-    out = plan([md("hpc-gpu", "gpu", annotations={})], ["hpc-gpu", "hpc-nope"], directory="ldaps://d")
-    assert len(out["errors"]) == 4, out["errors"]
+    out = plan([md("hpc-gpu", "gpu", annotations={})], ["hpc-gpu", "hpc-nope"])
+    assert len(out["errors"]) == 3, out["errors"]
 
 
 def test_our_own_secret_is_written_again():
