@@ -22,6 +22,9 @@ class Resource:
     subresources: tuple = ("status",)
     singular: str = ""
     list_kind: str = field(default="")
+    # a kind the API server has in its own code (typed): written in its fields' order; a custom
+    # resource (a CRD's) is an unstructured map, written with its keys sorted at every level
+    builtin: bool = False
 
     @property
     def preferred(self):
@@ -42,11 +45,11 @@ _CAPI_VERSIONS = ("v1beta2", "v1beta1")
 
 RESOURCES = (
     Resource("", "namespaces", "Namespace", ("v1",), namespaced=False, short_names=("ns",),
-             subresources=("status",), singular="namespace"),
-    Resource("", "secrets", "Secret", ("v1",), subresources=(), singular="secret"),
+             subresources=("status",), singular="namespace", builtin=True),
+    Resource("", "secrets", "Secret", ("v1",), subresources=(), singular="secret", builtin=True),
     Resource("", "configmaps", "ConfigMap", ("v1",), short_names=("cm",), subresources=(),
-             singular="configmap"),
-    Resource("coordination.k8s.io", "leases", "Lease", ("v1",), subresources=(), singular="lease"),
+             singular="configmap", builtin=True),
+    Resource("coordination.k8s.io", "leases", "Lease", ("v1",), subresources=(), singular="lease", builtin=True),
     Resource(CAPI, "clusters", "Cluster", _CAPI_VERSIONS, short_names=("cl",),
              categories=("cluster-api",), singular="cluster"),
     Resource(CAPI, "machinedeployments", "MachineDeployment", _CAPI_VERSIONS, short_names=("md",),

@@ -153,8 +153,11 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     # ---------------------------------------------------------------- output
-    def _send(self, code, body, content_type="application/json", headers=None):
-        data = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
+    def _send(self, code, body, content_type="application/json", headers=None, res=None):
+        """res: the resource the body is an object or a list of; a custom resource's keys are sorted,
+        as a real kube-apiserver writes them (a client may rely on a list's metadata coming last)."""
+        sort = res is not None and not res.builtin
+        data = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":"), sort_keys=sort).encode()
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Cache-Control", "no-cache, private")
@@ -282,18 +285,18 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "POST" and not name:
             body = self._read_body()
             obj = store.create(res, namespace, body or {}, dry_run=dry_run, manager=manager)
-            return self._send(201, served(obj, res, version))
+            return self._send(201, served(obj, res, version), res=res)
         if not name:
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
                            "resource", {})
         if sub == "scale":
             return self._scale(method, res, namespace, name, dry_run, manager)
         if method == "GET":
-            return self._send(200, served(store.get(res, namespace, name), res, version))
+            return self._send(200, served(store.get(res, namespace, name), res, version), res=res)
         if method == "PUT":
             body = self._read_body() or {}
             obj = store.update(res, namespace, name, body, subresource=sub, dry_run=dry_run, manager=manager)
-            return self._send(200, served(obj, res, version))
+            return self._send(200, served(obj, res, version), res=res)
         if method == "PATCH":
             return self._patch(res, version, namespace, name, sub, dry_run, manager)
         if method == "DELETE":
@@ -301,7 +304,7 @@ class _Handler(BaseHTTPRequestHandler):
             out, gone = store.delete(res, namespace, name, options, dry_run=dry_run)
             # the real server's 202: not gone yet, and cascading deletion asked with orphanDependents: false
             code = 202 if not gone and options.get("orphanDependents") is False else 200
-            return self._send(code, out if gone else served(out, res, version))
+            return self._send(code, out if gone else served(out, res, version), res=None if gone else res)
         raise ApiError(405, "MethodNotAllowed", "method not allowed", {})
 
     @staticmethod
@@ -363,7 +366,7 @@ class _Handler(BaseHTTPRequestHandler):
         if version != res.preferred and res.group.endswith("cluster.x-k8s.io"):
             headers["Warning"] = (f'299 - "{res.group}/{version} {res.kind} is deprecated; use '
                                   f'{res.group}/{res.preferred} {res.kind}"')
-        self._send(200, body, headers=headers)
+        self._send(200, body, headers=headers, res=res)
 
     def _patch(self, res, version, namespace, name, sub, dry_run=False, manager=None):
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
@@ -397,7 +400,7 @@ class _Handler(BaseHTTPRequestHandler):
             obj = store.update(res, namespace, name, patched, subresource=sub,
                                precondition_rv=precondition or current["metadata"]["resourceVersion"],
                                dry_run=dry_run, manager=manager)
-        self._send(200, served(obj, res, version))
+        self._send(200, served(obj, res, version), res=res)
 
     def _scale(self, method, res, namespace, name, dry_run=False, manager=None):
         store = self.sim.store
@@ -428,8 +431,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _event(self, etype, obj, res, version):
-        line = json.dumps({"type": etype, "object": served(obj, res, version) if res else obj},
-                          separators=(",", ":")).encode() + b"\n"
+        body = json.dumps(served(obj, res, version) if res else obj, separators=(",", ":"),
+                          sort_keys=res is not None and not res.builtin)
+        line = ('{"type":%s,"object":%s}' % (json.dumps(etype), body)).encode() + b"\n"
         self._chunk(line)
 
     def _watch(self, res, version, namespace, query):
