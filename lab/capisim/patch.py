@@ -1,4 +1,6 @@
-"""JSON merge patch (RFC 7386) and JSON patch (RFC 6902), as kube-apiserver applies them to custom resources."""
+"""JSON merge patch (RFC 7386) and JSON patch (RFC 6902), as kube-apiserver applies them to custom resources,
+and the strategic merge patch it also takes for its built-in kinds (the simulator's: Namespace, Secret,
+ConfigMap, Lease)."""
 
 import copy
 
@@ -16,6 +18,47 @@ def merge_patch(target, patch):
             out.pop(key, None)
         else:
             out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+class UnsupportedDirective(ValueError):
+    """A strategic merge patch directive ($patch, $retainKeys...) the simulator does not apply."""
+
+
+# ObjectMeta's lists with a merge strategy (the only ones the built-in kinds served here have):
+# finalizers are merged as a set, ownerReferences by uid; every other list is replaced
+_MERGED_LISTS = {("metadata", "finalizers"): None, ("metadata", "ownerReferences"): "uid"}
+
+
+def strategic_merge_patch(target, patch, path=()):
+    """A strategic merge patch of a built-in kind: a merge patch, but for ObjectMeta's merged lists."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if key.startswith("$"):
+            raise UnsupportedDirective("the simulator does not apply the strategic merge patch directive %s" % key)
+        here = path + (key,)
+        if value is None:
+            out.pop(key, None)
+        elif here in _MERGED_LISTS and isinstance(value, list) and isinstance(out.get(key), list):
+            merge_key = _MERGED_LISTS[here]
+            merged = list(out[key])
+            for item in value:
+                if merge_key is None:
+                    if item not in merged:
+                        merged.append(item)
+                    continue
+                at = [i for i, old in enumerate(merged) if isinstance(old, dict) and isinstance(item, dict)
+                      and old.get(merge_key) == item.get(merge_key)]
+                if at:
+                    merged[at[0]] = merge_patch(merged[at[0]], item)
+                else:
+                    merged.append(item)
+            out[key] = merged
+        else:
+            out[key] = strategic_merge_patch(out.get(key), value, here) if isinstance(value, dict) \
+                else copy.deepcopy(value)
     return out
 
 

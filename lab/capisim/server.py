@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from .fields import manager_from
-from .patch import JsonPatchError, json_patch, merge_patch
+from .patch import JsonPatchError, UnsupportedDirective, json_patch, merge_patch, strategic_merge_patch
 from .selectors import SelectorError, field_matches, matches, parse_field_selector, parse_label_selector
 from .store import ApiError, Store
 
@@ -24,6 +24,8 @@ VERSION_INFO = {
     "buildDate": "2026-11-22T00:00:00Z", "goVersion": "n/a", "compiler": "n/a", "platform": "linux/amd64",
 }
 PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json")
+# a kind the server has built in also takes a strategic merge patch (a custom resource: 415)
+STRATEGIC = "application/strategic-merge-patch+json"
 _V1BETA1_DROP = {"spec": ("deletion",), "status": ("initialization",)}
 
 
@@ -370,21 +372,24 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _patch(self, res, version, namespace, name, sub, dry_run=False, manager=None):
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-        if ctype not in PATCH_TYPES:
+        if ctype not in PATCH_TYPES and not (res.builtin and ctype == STRATEGIC):
             raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
                            "accepted media types include: application/json-patch+json, "
-                           "application/merge-patch+json, application/apply-patch+yaml")
+                           "application/merge-patch+json, application/apply-patch+yaml"
+                           + (", " + STRATEGIC if res.builtin else ""))
         body = self._read_body()
         store = self.sim.store
         with store.lock:
             current = store.get(res, namespace, name)
             try:
-                if ctype == "application/merge-patch+json":
+                if ctype in ("application/merge-patch+json", STRATEGIC):
                     if not isinstance(body, dict):
                         raise ApiError(400, "BadRequest", "the body of the request must be a JSON object")
-                    patched = merge_patch(current, body)
+                    patched = (strategic_merge_patch if ctype == STRATEGIC else merge_patch)(current, body)
                 else:
                     patched = json_patch(current, body)
+            except UnsupportedDirective as exc:
+                raise ApiError(400, "BadRequest", str(exc))
             except JsonPatchError:
                 raise ApiError(422, "Invalid", "the server rejected our request due to an error in our request",
                                {})

@@ -159,6 +159,31 @@ def test_strategic_merge_patch_is_415(sim):
     status, body = raw(sim, "/apis/cluster.x-k8s.io/v1beta2/namespaces/metal3/machines/hpc-compute-7d9f8-abcde",
                        method="PATCH", ctype="application/strategic-merge-patch+json", body={"metadata": {}})
     assert status == 415 and body["reason"] == "UnsupportedMediaType"
+    assert "strategic" not in body["message"]
+
+
+def test_a_built_in_kind_takes_a_strategic_merge_patch(sim):
+    """As a real kube-apiserver: a Secret takes it (kubernetes.core's k8s tries it first); ObjectMeta's
+    finalizers merge as a set and ownerReferences by uid, other values as a merge patch."""
+    path = "/api/v1/namespaces/metal3/secrets"
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "a", "uid": "u-1"}
+    meta = {"name": "smp", "finalizers": ["x/one"], "ownerReferences": [owner]}
+    status, created = raw(sim, path, method="POST", body={
+        "apiVersion": "v1", "kind": "Secret", "metadata": meta, "data": {"a": "YQ==", "b": "Yg=="}, "type": "Opaque"})
+    assert status == 201, created
+    owners = [dict(owner, name="b"), dict(owner, uid="u-2")]
+    status, got = raw(sim, path + "/smp", method="PATCH", ctype="application/strategic-merge-patch+json", body={
+        "metadata": {"finalizers": ["x/two", "x/one"], "ownerReferences": owners}, "data": {"a": None, "c": "Yw=="}})
+    assert status == 200, got
+    assert got["data"] == {"b": "Yg==", "c": "Yw=="}
+    assert got["metadata"]["finalizers"] == ["x/one", "x/two"]
+    assert [(o["uid"], o["name"]) for o in got["metadata"]["ownerReferences"]] == [("u-1", "b"), ("u-2", "a")]
+    assert int(got["metadata"]["resourceVersion"]) > int(created["metadata"]["resourceVersion"])
+    # a directive it does not apply is refused, naming it, and changes nothing
+    status, body = raw(sim, path + "/smp", method="PATCH", ctype="application/strategic-merge-patch+json",
+                       body={"data": {"$patch": "replace", "d": "ZA=="}})
+    assert status == 400 and "$patch" in body["message"], body
+    assert raw(sim, path + "/smp")[1]["data"] == {"b": "Yg==", "c": "Yw=="}
 
 
 @pytest.mark.parametrize("method,path,ctype,token", [
