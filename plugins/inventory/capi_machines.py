@@ -330,7 +330,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         lists = {}
         for ns in namespaces:
             lists[("machines", ns)] = ((CAPI_GROUP, version, "machines", ns, selector or None),
-                                       {"transform": _trim_machine})
+                                       {"transform": _trim_machine, "managed_fields": False})
         metal3_error = None
         if mode != "never":
             try:
@@ -342,9 +342,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 if infra_version and bmh_version:
                     for ns in namespaces:
                         lists[("metal3machines", ns)] = ((INFRA_GROUP, infra_version, "metal3machines", ns),
-                                                         {"transform": _trim_m3m})
+                                                         {"transform": _trim_m3m, "managed_fields": False})
                         lists[("baremetalhosts", ns)] = ((METAL3_GROUP, bmh_version, "baremetalhosts", ns),
-                                                         {"transform": _trim_bmh})
+                                                         {"transform": _trim_bmh, "managed_fields": False})
                 elif mode == "always":
                     metal3_error = CapiApiError("Metal3 is not installed at %s (metal3=always)" % reader.host)
                 # not installed and metal3=auto: nothing to list, nothing to warn about
