@@ -25,6 +25,7 @@ description:
     and the Metal3 host's hostname, cpus and ram_mib; O(hostvars=full) adds the rest (provider_id, node_ref,
     the Metal3 host's name and NICs...).
   - The three kinds are listed at once, and each list asks for its next page while it decodes the last.
+    Machines only (O(metal3=never), one list), each page's hosts are added while the server writes the next.
   - With O(cache), the cache holds the mapped hosts and groups, valid for the options they were mapped with.
   - Machines without the node-type label or without a usable address are skipped with a warning that
     names them; a label value that is not a valid group name is sanitised with a warning.
@@ -176,6 +177,7 @@ compose:
 
 import gc
 import json
+import queue
 from contextlib import contextmanager
 from dataclasses import asdict
 
@@ -198,6 +200,8 @@ from ansible_collections.converged.hpc.plugins.module_utils.capi_mapping import 
     MACHINE_STATUS,
     MappingOptions,
     build,
+    merge,
+    pages_map_alone,
     trim,
 )
 
@@ -237,6 +241,77 @@ def _trim_bmh(obj):
     return small
 
 
+_END = object()
+
+
+class _Stopped(Exception):
+    """The hosts of the pages read so far could not be added: the list stops."""
+
+
+class _Stream:
+    """Machines only: each page's hosts are added while the server writes the next page.
+
+    The list's thread hands each page over; this (the plugin's) thread maps it alone and adds its hosts
+    and groups. Mapping page by page gives what mapping the whole list does unless two Machines want
+    one host name or a MachineDeployment name is in two namespaces: the whole list tells (finish), and
+    then everything added is taken back and the hosts are added from the whole list, as without a
+    stream. A list that fails, or starts again (410), takes back what was added too: a failed source
+    leaves no host behind."""
+
+    def __init__(self, plugin, opts):
+        self.plugin, self.opts = plugin, opts
+        self.pages, self.broken, self.stopped = [], False, False
+        self.groups_before = set(plugin.inventory.groups)
+        self.queue = queue.Queue()
+
+    def hand_over(self, items):
+        """In the list's thread: a decoded page (None: the list starts again)."""
+        if self.stopped:
+            raise _Stopped()
+        self.queue.put(items)
+
+    def consume(self, fetch):
+        """In the plugin's thread: add each page's hosts until the list ends; its result."""
+        fetch.add_done_callback(lambda dummy: self.queue.put(_END))
+        try:
+            while True:
+                items = self.queue.get()
+                if items is _END:
+                    break
+                if items is None:
+                    self.broken = True
+                elif not self.broken:
+                    part = build({"machines": items}, self.opts)
+                    self.pages.append(part)
+                    self.plugin._add_hosts(part.hosts, part.groups)
+        except BaseException:
+            self.stopped = True
+            fetch.exception()  # the list ends at its next page
+            self.take_back()
+            raise
+        try:
+            return fetch.result()
+        except BaseException:
+            self.take_back()
+            raise
+
+    def finish(self, objects):
+        """The mapped inventory, or None when the whole list maps otherwise (what was added is taken back)."""
+        if self.broken or not pages_map_alone(objects["machines"], self.opts):
+            self.take_back()
+            return None
+        return merge(self.pages)
+
+    def take_back(self):
+        inventory = self.plugin.inventory
+        for name in [h for part in self.pages for h in part.hosts]:
+            if name in inventory.hosts:
+                inventory.remove_host(inventory.hosts[name])
+        for name in [g for g in inventory.groups if g not in self.groups_before]:
+            inventory.remove_group(inventory.groups[name])
+        self.pages = []
+
+
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     NAME = "converged.hpc.capi_machines"
 
@@ -268,13 +343,21 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                     mapped = cached
                 else:
                     update_cache = True
+        streamed = False
         if mapped is None:
+            # Machines only, into an inventory with no host yet: hosts are added page by page (_Stream)
+            stream = _Stream(self, opts) if self.get_option("metal3") == "never" and not self.inventory.hosts \
+                else None
+            inv = None
             try:
-                objects = self._fetch_objects()
+                objects = self._fetch_objects(stream)
+                if stream is not None and stream.pages:
+                    inv = stream.finish(objects)
+                streamed = inv is not None
+                if inv is None:
+                    inv = build(objects, opts)
             except CapiApiError as exc:
                 raise AnsibleError("converged.hpc.capi_machines (%s): %s" % (path, exc))
-            try:
-                inv = build(objects, opts)
             except ValueError as exc:
                 raise AnsibleParserError("converged.hpc.capi_machines: %s" % exc)
             mapped = {"format": _CACHE_FORMAT, "options": options, "hosts": inv.hosts, "groups": inv.groups,
@@ -282,7 +365,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                       "skipped": len(inv.skipped)}
         if update_cache:
             self._cache[cache_key] = mapped
-        self._populate_inventory(mapped)
+        self._populate_inventory(mapped, added=streamed)
 
     def _mapping_options(self):
         page = self.get_option("page_size")
@@ -304,18 +387,22 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             hostvars=self.get_option("hostvars"),
         )
 
-    def _fetch_objects(self):
-        """API access: one paginated list per kind, trimmed to JSON-safe dicts."""
+    def _fetch_objects(self, stream=None):
+        """API access: one paginated list per kind, trimmed to JSON-safe dicts. With a stream, the
+        lists are read in a thread of their own while this one adds the hosts of each page."""
         configuration, headers = build_configuration(**{k: self.get_option(k) for k in AUTH_OPTIONS})
         reader = CapiReader(configuration, page_size=self.get_option("page_size"),
                             timeout=self.get_option("request_timeout"), headers=headers)
         try:
-            return self._read_all(reader)
+            if stream is None:
+                return self._read_all(reader)
+            fetch = reader.submit(self._read_all, reader, stream)
+            return stream.consume(fetch)
         finally:
             self.display.vvv("converged.hpc.capi_machines: %d API requests to %s" % (reader.requests, reader.host))
             reader.close()
 
-    def _read_all(self, reader):
+    def _read_all(self, reader, stream=None):
         version = reader.preferred_version(CAPI_GROUP)
         if version is None:
             raise CapiApiError("Cluster API is not installed at %s: the API group %s is not served"
@@ -348,6 +435,11 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 elif mode == "always":
                     metal3_error = CapiApiError("Metal3 is not installed at %s (metal3=always)" % reader.host)
                 # not installed and metal3=auto: nothing to list, nothing to warn about
+        if stream is not None and len(lists) == 1:
+            # one list of Machines: its pages go to the stream as they are decoded
+            next(iter(lists.values()))[1]["on_page"] = stream.hand_over
+        elif stream is not None:
+            stream.queue.put(None)  # several lists: added from the whole of them, at the end
         # the three kinds at once: the server lists them in parallel while this process decodes
         results = reader.list_many(lists)
         objects = {"machines": [], "metal3machines": [], "baremetalhosts": [],
@@ -367,26 +459,31 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             objects["metal3machines"], objects["baremetalhosts"] = [], []
         return objects
 
-    def _populate_inventory(self, mapped):
-        """No API calls here: add the mapped hosts and groups, then apply constructed options."""
+    def _populate_inventory(self, mapped, added=False):
+        """No API calls here: add the mapped hosts and groups (unless a stream has), then apply
+        constructed options."""
         for warning in mapped["warnings"]:
             self.display.warning("converged.hpc.capi_machines: %s" % warning)
-        for group in sorted(mapped["groups"]):
+        if not added:
+            self._add_hosts(mapped["hosts"], mapped["groups"])
+        self.display.v("converged.hpc.capi_machines: %d hosts from %d Machines (%d skipped)" % (
+            len(mapped["hosts"]), mapped["machines"], mapped["skipped"]))
+
+    def _add_hosts(self, hosts, groups):
+        for group in sorted(groups):
             self.inventory.add_group(group)
         strict = self.get_option("strict")
-        compose, groups, keyed = self.get_option("compose"), self.get_option("groups"), self.get_option("keyed_groups")
-        for host, hostvars in mapped["hosts"].items():
+        compose, composed, keyed = self.get_option("compose"), self.get_option("groups"), self.get_option("keyed_groups")
+        for host, hostvars in hosts.items():
             self.inventory.add_host(host)
             for key, value in hostvars.items():
                 self.inventory.set_variable(host, key, value)
             if compose:
                 self._set_composite_vars(compose, hostvars, host, strict=strict)
-            if groups:
-                self._add_host_to_composed_groups(groups, hostvars, host, strict=strict)
+            if composed:
+                self._add_host_to_composed_groups(composed, hostvars, host, strict=strict)
             if keyed:
                 self._add_host_to_keyed_groups(keyed, hostvars, host, strict=strict)
-        for group, hosts in mapped["groups"].items():
-            for host in hosts:
+        for group, members in groups.items():
+            for host in members:
                 self.inventory.add_child(group, host)
-        self.display.v("converged.hpc.capi_machines: %d hosts from %d Machines (%d skipped)" % (
-            len(mapped["hosts"]), mapped["machines"], mapped["skipped"]))

@@ -256,7 +256,7 @@ class CapiReader:
         self._executors = {}
 
     def close(self):
-        for name in ("lists", "ahead"):
+        for name in ("fetch", "lists", "ahead"):
             executor = self._executors.pop(name, None)
             if executor is not None:
                 executor.shutdown(wait=True)
@@ -362,14 +362,15 @@ class CapiReader:
                                "an APIGroup" % (self.host, group))
 
     def list(self, group, version, plural, namespace=None, label_selector=None, restarts=2, transform=None,
-             managed_fields=True):
+             managed_fields=True, on_page=None):
         """All items of a kind, page by page; an expired continue token restarts the list (410).
 
         transform: applied to each item as its page is decoded (the plugin trims them, so a
         page's full objects are dropped at once). While a page is decoded the next one is
         already asked for (its token read from the page's end): the server writes page n+1
         while this process decodes page n. managed_fields=False: the items come without
-        metadata.managedFields, which are then not decoded at all."""
+        metadata.managedFields, which are then not decoded at all. on_page: called with each page's
+        (transformed) items as it is decoded, and with None when the list starts again (410)."""
         base = "/apis/%s/%s" % (group, version)
         path = "%s/namespaces/%s/%s" % (base, namespace, plural) if namespace else "%s/%s" % (base, plural)
         what = "%s.%s%s" % (plural, group, " in namespace %s" % namespace if namespace else "")
@@ -389,6 +390,8 @@ class CapiReader:
                 # the snapshot behind the token is gone: start a consistent list again
                 restarts -= 1
                 items, token = [], None
+                if on_page is not None:
+                    on_page(None)
                 continue
             if status == 404 and namespace:
                 return []  # a namespace that does not exist holds nothing
@@ -405,7 +408,11 @@ class CapiReader:
                 raise CapiApiError("listing %s at %s returned something that is not JSON" % (what, self.host))
             del body
             page = data.get("items") or []
-            items.extend(map(transform, page) if transform else page)
+            if transform:
+                page = [transform(item) for item in page]
+            items.extend(page)
+            if on_page is not None:
+                on_page(page)
             token = (data.get("metadata") or {}).get("continue")
             if not token:
                 return items
@@ -421,6 +428,10 @@ class CapiReader:
             except CapiApiError as exc:
                 out[key] = exc
         return out
+
+    def submit(self, fn, *args):
+        """fn(*args) in a thread of its own (a caller that works on the pages while they are read)."""
+        return self._pool("fetch").submit(fn, *args)
 
     def _pool(self, name):
         """Lists and look-aheads have pools of their own: a list waits for its look-ahead, which

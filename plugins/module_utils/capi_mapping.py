@@ -301,6 +301,32 @@ def build(objects, opts):
     return inv
 
 
+def pages_map_alone(machines, opts):
+    """Whether mapping Machines page by page, with no Metal3 objects, gives what mapping them all at
+    once does: no host name wanted by two Machines (the older keeps it, whatever page it is on) and
+    no MachineDeployment or MachinePool name in two namespaces (their groups then name the namespace)."""
+    machines = _in_clusters(machines, set(opts.clusters))
+    names = set()
+    for machine in machines:
+        name = _base_name(machine, opts)
+        if name in names:
+            return False
+        names.add(name)
+    return all(len(spaces) == 1 for spaces in _owner_namespaces(machines).values())
+
+
+def merge(parts):
+    """One MappedInventory of several mapped in turn (pages of one list, in order)."""
+    out = MappedInventory()
+    for part in parts:
+        out.hosts.update(part.hosts)
+        for group, hosts in part.groups.items():
+            out.groups.setdefault(group, []).extend(hosts)
+        out.warnings.extend(part.warnings)
+        out.skipped.update(part.skipped)
+    return out
+
+
 def _owner_namespaces(machines):
     """(MachineDeployment|MachinePool, name) -> the namespaces whose Machines name it."""
     out = {}

@@ -11,6 +11,8 @@ from ansible_collections.converged.hpc.plugins.module_utils.capi_mapping import 
     MACHINE_STATUS,
     MappingOptions,
     build,
+    merge,
+    pages_map_alone,
     sanitize_group,
     trim,
 )
@@ -249,3 +251,32 @@ def test_trim_keeps_what_the_mapping_reads():
     assert set(small["spec"]) <= set(MACHINE_SPEC) and "conditions" not in small["status"]
     assert build({"machines": [small]}, MappingOptions()).hosts.keys() == \
         build({"machines": [machine]}, MappingOptions()).hosts.keys()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 10])
+def test_pages_mapped_alone_and_merged_are_the_whole_list_mapped(size):
+    machines = recorded(metal3=False)["machines"]
+    opts = MappingOptions()
+    assert pages_map_alone(machines, opts)
+    pages = [build({"machines": machines[i:i + size]}, opts) for i in range(0, len(machines), size)]
+    merged, whole = merge(pages), build({"machines": machines}, opts)
+    assert (merged.hosts, merged.groups, merged.warnings, merged.skipped) == \
+        (whole.hosts, whole.groups, whole.warnings, whole.skipped)
+    assert list(merged.hosts) == list(whole.hosts) and list(merged.groups) == list(whole.groups)
+
+
+def test_pages_do_not_map_alone_when_a_name_or_a_deployment_is_shared():
+    machines = recorded(metal3=False)["machines"]
+    twin = copy.deepcopy(next(m for m in machines if m["metadata"]["namespace"] == "metal3"))
+    twin["metadata"]["namespace"] = "lab2"
+    assert not pages_map_alone(machines + [twin], MappingOptions())
+    # only the Machines of the clusters read count
+    assert pages_map_alone(machines + [dict(twin, spec=dict(twin["spec"], clusterName="other"))],
+                           MappingOptions(clusters=("hpc", "edge")))
+    other = copy.deepcopy(twin)
+    other["metadata"]["name"] = "another"
+    assert not pages_map_alone(machines + [other], MappingOptions())  # its MachineDeployment in two namespaces
+    # the same Machine outside any MachineDeployment: nothing shared
+    node = copy.deepcopy(other)
+    node["metadata"]["labels"] = {k: v for k, v in node["metadata"]["labels"].items() if "deployment" not in k}
+    assert pages_map_alone(machines + [node], MappingOptions())
