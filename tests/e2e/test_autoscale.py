@@ -345,7 +345,7 @@ def test_new_machines_join_slurm_at_first_boot_with_no_playbook_run(lab):
         # site.yml keeps the Secret current: one changed by hand is written again from the converge's
         # inputs; the fast path of the next run (nothing changed) does not even read it
         core().patch_namespaced_secret(JOIN, NS, {"data": {"value": base64.b64encode(b"#cloud-config\n").decode()}},
-                                       _content_type="application/merge-patch+json")
+                                       _content_type="application/strategic-merge-patch+json")
         res = LAB.playbook("site.yml", requested)
         assert res.returncode == 0, res.stdout[-3000:]
         assert "Write the Secret %s" % JOIN in changed_tasks(res.stdout, "localhost"), res.stdout[-3000:]
