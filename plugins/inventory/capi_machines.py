@@ -345,9 +345,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                     update_cache = True
         streamed = False
         if mapped is None:
-            # Machines only, into an inventory with no host yet: hosts are added page by page (_Stream)
-            stream = _Stream(self, opts) if self.get_option("metal3") == "never" and not self.inventory.hosts \
-                else None
+            # Machines only, one list, into an inventory with no host yet: hosts are added page by page (_Stream)
+            one_list = len(self.get_option("namespaces") or [None]) == 1
+            stream = _Stream(self, opts) if self.get_option("metal3") == "never" and one_list \
+                and not self.inventory.hosts else None
             inv = None
             try:
                 objects = self._fetch_objects(stream)
@@ -435,11 +436,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 elif mode == "always":
                     metal3_error = CapiApiError("Metal3 is not installed at %s (metal3=always)" % reader.host)
                 # not installed and metal3=auto: nothing to list, nothing to warn about
-        if stream is not None and len(lists) == 1:
-            # one list of Machines: its pages go to the stream as they are decoded
-            next(iter(lists.values()))[1]["on_page"] = stream.hand_over
-        elif stream is not None:
-            stream.queue.put(None)  # several lists: added from the whole of them, at the end
+        if stream is not None:
+            # the one list of Machines: its pages go to the stream as they are decoded
+            lists[("machines", namespaces[0])][1]["on_page"] = stream.hand_over
         # the three kinds at once: the server lists them in parallel while this process decodes
         results = reader.list_many(lists)
         objects = {"machines": [], "metal3machines": [], "baremetalhosts": [],
