@@ -6,8 +6,18 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PYTHON ?= python3
 SCENARIOS ?= default cluster ha
 COLLECTION_LINK := .lab/collections/ansible_collections/converged/hpc
+# The real kube-apiserver tier (tests/kube, and the simulator's fidelity tests' second backend): the
+# envtest convention, kube-apiserver and etcd in $KUBEBUILDER_ASSETS. Unless it is set, `make
+# kube-assets` prepares .lab/kube-assets from ../shared/k8s/bin (and Debian's etcd) when that is there.
+SHARED_K8S_BIN := $(wildcard $(CURDIR)/../shared/k8s/bin/kube-apiserver-*.xz)
+KUBE_ASSETS := $(CURDIR)/.lab/kube-assets
+ifeq ($(origin KUBEBUILDER_ASSETS),undefined)
+ifneq ($(SHARED_K8S_BIN),)
+export KUBEBUILDER_ASSETS := $(KUBE_ASSETS)
+endif
+endif
 
-.PHONY: help deps dev-collection lab lab-scale lab-down lab-ping lab-status images unit lint sanity molecule e2e e2e-elastic e2e-autoscale e2e-others test build ee
+.PHONY: help deps dev-collection kube-assets lab lab-scale lab-down lab-ping lab-status images unit lint sanity molecule e2e e2e-elastic e2e-autoscale e2e-others test build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -39,6 +49,12 @@ lab-status:
 ## make deps       install the Debian and Python packages the lab and tests need (when missing)
 deps:
 	lab/lab.sh deps
+	@# etcd for the real kube-apiserver tier (Debian's etcd-server; its own service is not needed)
+	@if ! command -v etcd >/dev/null || ! command -v xz >/dev/null; then \
+	  echo "[deps] apt-get install etcd-server xz-utils"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server xz-utils >/dev/null; \
+	  systemctl disable --now etcd >/dev/null 2>&1 || true; \
+	fi
 	@if ! $(PYTHON) -c 'import pytest, testinfra, molecule, molecule_plugins, antsibull_changelog' 2>/dev/null \
 	    || ! command -v ansible-lint >/dev/null || ! command -v ansible-rulebook >/dev/null; then \
 	  echo "[deps] pip install -r requirements-test.txt"; \
@@ -53,9 +69,17 @@ images:
 	lab/lab.sh image stock
 	lab/lab.sh image prebaked
 
-## make unit       unit and simulator-backed integration tests (pytest)
-unit: dev-collection
-	$(PYTHON) -m pytest -q tests/unit tests/integration
+## make kube-assets  kube-apiserver (from ../shared/k8s/bin, its sum checked) and etcd in .lab/kube-assets
+kube-assets:
+	@if [ -n "$(SHARED_K8S_BIN)" ] && [ "$${KUBEBUILDER_ASSETS:-}" = "$(KUBE_ASSETS)" ]; then \
+	  $(PYTHON) tests/kubeapi.py prepare $(KUBE_ASSETS) >/dev/null && echo "[kube-assets] $(KUBE_ASSETS)"; \
+	elif [ -n "$${KUBEBUILDER_ASSETS:-}" ]; then echo "[kube-assets] KUBEBUILDER_ASSETS=$$KUBEBUILDER_ASSETS (given)"; \
+	else echo "[kube-assets] no ../shared/k8s/bin and no KUBEBUILDER_ASSETS: the real kube-apiserver tier is skipped"; fi
+
+## make unit       unit and integration tests (pytest) against the simulator and, with
+##                 $$KUBEBUILDER_ASSETS (make kube-assets), a real kube-apiserver (tests/kube)
+unit: dev-collection kube-assets
+	$(PYTHON) -m pytest -q tests/unit tests/integration tests/kube
 
 ## make lint       ansible-lint (production profile) and ansible-test sanity
 lint: dev-collection

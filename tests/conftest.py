@@ -2,6 +2,7 @@
 real kube-apiserver. pytest.ini puts the collection (through its ansible_collections
 namespace, .lab/collections made by `make dev-collection`) and lab/ on the path."""
 
+import asyncio
 import copy
 import functools
 import json
@@ -9,6 +10,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import yaml
@@ -24,9 +27,58 @@ if not os.path.isdir(os.path.join(LINK, "plugins")):
 
 from capisim import Identity, Simulator, Store  # noqa: E402
 from capisim.__main__ import READONLY_RULES  # noqa: E402
+import kubeapi  # noqa: E402
+from kubeapi import ADMIN_TOKEN, MARKER_TOKEN, READONLY_TOKEN, ROLES  # noqa: E402,F401
 
-ADMIN_TOKEN = "admin-token-for-tests"
-READONLY_TOKEN = "readonly-token-for-tests"
+# ---- the real kube-apiserver tier (tests/kube, and the fidelity tests' second backend): with
+# kube-apiserver and etcd in $KUBEBUILDER_ASSETS (make kube-assets), else skipped in one line
+KUBE_ASSETS, KUBE_MISSING = kubeapi.assets()
+BACKENDS = ["sim"] + (["kube"] if KUBE_ASSETS else [])
+if KUBE_MISSING:
+    collect_ignore_glob = ["kube/test_*.py"]
+
+
+def pytest_report_header(config):
+    if KUBE_MISSING:
+        return "real kube-apiserver tier skipped: %s (make kube-assets prepares it from ../shared/k8s/bin)" \
+            % KUBE_MISSING
+    return "real kube-apiserver tier: $%s=%s" % (kubeapi.ASSETS_VARIABLE, KUBE_ASSETS)
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory):
+    """One real kube-apiserver (etcd, the CRDs, RBAC) for the session, holding the objects the
+    recorded transcripts were taken from (namespaces metal3 and lab2: read them, never change them;
+    a test that writes takes a namespace of its own, kube_ns)."""
+    server = kubeapi.KubeApiServer(tmp_path_factory.mktemp("kube-apiserver"))
+    try:
+        server.start()
+        kubeapi.load_recorded(server.api())
+    except Exception:
+        server.stop()
+        raise
+    yield server
+    server.stop()
+
+
+_namespaces = iter(range(1, 1 << 30))
+
+
+@pytest.fixture
+def kube_ns(kube):
+    """A namespace of this test's own on the real server (namespaces are never deleted: no
+    controller would finish it)."""
+    name = "t%d" % next(_namespaces)
+    kube.api().namespace(name)
+    return name
+
+
+def load_metal3(api, namespace):
+    """The fixture's metal3 objects in namespace (8 Machines, their Metal3Machines and hosts, the
+    MachineDeployments and MachineSets, the Cluster), as their controllers wrote them."""
+    docs = [d for d in load_fixture("capi-hpc.yaml") if d["metadata"].get("namespace") == "metal3"]
+    api.load(docs, namespace=namespace)
+    return namespace
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,7 +108,8 @@ def objects_by_kind(name="capi-hpc.yaml"):
 def start_sim(documents=(), resources=None):
     store = Store(resources) if resources is not None else Store()
     store.load(list(documents))
-    tokens = {ADMIN_TOKEN: Identity("admin"), READONLY_TOKEN: Identity("machine-reader", READONLY_RULES)}
+    tokens = {ADMIN_TOKEN: Identity("admin"), READONLY_TOKEN: Identity("machine-reader", READONLY_RULES),
+              MARKER_TOKEN: Identity(ROLES[MARKER_TOKEN][0], kubeapi.sim_rules(ROLES[MARKER_TOKEN][2]))}
     return Simulator(store, tokens).start()
 
 
@@ -154,3 +207,147 @@ def tls_sim(tmp_path):
     server = Simulator(store, {ADMIN_TOKEN: Identity("admin")}, tls=self_signed(tmp_path, "capisim")).start()
     yield server
     server.stop()
+
+
+class Backend:
+    """A Kubernetes API to test against: the simulator or the real server, reached the same way."""
+
+    def __init__(self, name, url, ca_cert=None, sim=None, server=None):
+        self.name, self.url, self.ca_cert, self.sim, self.server = name, url, ca_cert, sim, server
+
+    def api(self, token=ADMIN_TOKEN):
+        return kubeapi.Api(self.url, token, self.ca_cert)
+
+    def namespace(self):
+        """A new namespace of the test's own."""
+        name = "t%d" % next(_namespaces)
+        self.api().namespace(name)
+        return name
+
+    def auth(self, token=ADMIN_TOKEN):
+        """kubernetes.core's connection options for it (host, api_key, ca_cert)."""
+        out = {"host": self.url, "api_key": token}
+        if self.ca_cert:
+            out["ca_cert"] = self.ca_cert
+        return out
+
+    def kubeconfig(self, path, token=ADMIN_TOKEN, context="backend"):
+        """A kubeconfig file for it with one user holding token (its CA when it has one); its path."""
+        cluster = {"server": self.url}
+        if self.ca_cert:
+            import base64
+            with open(self.ca_cert, "rb") as fh:
+                cluster["certificate-authority-data"] = base64.b64encode(fh.read()).decode()
+        config = {"apiVersion": "v1", "kind": "Config", "current-context": context,
+                  "clusters": [{"name": self.name, "cluster": cluster}],
+                  "users": [{"name": "user-" + context, "user": {"token": token}}],
+                  "contexts": [{"name": context, "context": {"cluster": self.name, "user": "user-" + context}}]}
+        with open(path, "w") as fh:
+            yaml.safe_dump(config, fh)
+        return str(path)
+
+    def auth_env(self, token=ADMIN_TOKEN):
+        """The same as K8S_AUTH_* variables."""
+        out = {"K8S_AUTH_HOST": self.url, "K8S_AUTH_API_KEY": token}
+        if self.ca_cert:
+            out["K8S_AUTH_SSL_CA_CERT"] = self.ca_cert
+        return out
+
+
+@pytest.fixture(params=BACKENDS)
+def tls_backend(request, tmp_path):
+    """A backend over HTTPS with a CA to check it by: the simulator with the capi-hpc fixture (its CA
+    tmp_path/capisim.crt), or the real kube-apiserver (the recorded objects)."""
+    if request.param == "sim":
+        store = Store()
+        store.load(load_fixture("capi-hpc.yaml"))
+        server = Simulator(store, {ADMIN_TOKEN: Identity("admin")}, tls=self_signed(tmp_path, "capisim")).start()
+        yield Backend("sim", server.url, str(tmp_path / "capisim.crt"), sim=server)
+        server.stop()
+    else:
+        server = request.getfixturevalue("kube")
+        yield Backend("kube", server.url, server.ca_cert, server=server)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    """Each test once against the simulator (loaded with the recorded lists) and once against the real
+    kube-apiserver (holding the objects they were recorded from): the simulator must answer as it does."""
+    if request.param == "sim":
+        server = start_sim(load_fixture("capi-hpc.yaml"))
+        yield Backend("sim", server.url, sim=server)
+        server.stop()
+    else:
+        server = request.getfixturevalue("kube")
+        yield Backend("kube", server.url, server.ca_cert, server=server)
+
+
+# ---- Machines through the API (either backend): valid objects, status through /status
+def make_machine(api, namespace, name, phase="Provisioned", node_type="compute", hooked=True, labels=None,
+                 cluster="hpc", address="127.0.0.1"):
+    """A Machine as Cluster API makes one (a MachineDeployment's labels, our hook when hooked, its
+    finalizer), then its status: phase and address (loopback: nothing is ever sent to it); the Machine
+    as the server returns it."""
+    template = next(d for d in load_fixture("capi-hpc.yaml")
+                    if d["kind"] == "Machine" and d["metadata"]["name"] == "hpc-compute-7d9f8-abcde")
+    obj = {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+           "metadata": {"name": name, "namespace": namespace, "finalizers": ["machine.cluster.x-k8s.io"],
+                        "labels": dict({"cluster.x-k8s.io/cluster-name": cluster, "node-type": node_type},
+                                       **(labels or {})),
+                        "annotations": {HOOK: "converged-hpc"} if hooked else {}},
+           "spec": copy.deepcopy(template["spec"])}
+    obj["spec"]["clusterName"] = cluster
+    obj["spec"]["infrastructureRef"]["name"] = name
+    if node_type is None:
+        del obj["metadata"]["labels"]["node-type"]
+    api.create(obj, "capi-controller-manager")
+    return set_machine_phase(api, namespace, name, phase, [{"type": "InternalIP", "address": address}])
+
+
+def set_machine_phase(api, namespace, name, phase, addresses=None):
+    status = dict({"phase": phase}, **({"addresses": addresses} if addresses else {}))
+    return api.patch(CAPI_G + "/" + CAPI_V, "machines", namespace, name, {"status": status}, sub="status")
+
+
+# ---- the event source run in a thread, as ansible-rulebook runs it (its tests, on either backend)
+class Collector:
+    def __init__(self):
+        self.events = []
+
+    async def put(self, event):
+        self.events.append(event)
+
+
+def run_source(args, until, timeout=20):
+    """Run the source in a thread's event loop until until(events) or the timeout; the events."""
+    out = Collector()
+    result = {}
+
+    def runner():
+        async def go():
+            task = asyncio.ensure_future(_event_source().main(out, args))
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and not until(out.events) and not task.done():
+                await asyncio.sleep(0.05)
+            if task.done():
+                result["error"] = task.exception()
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # the test reads result["error"]
+                pass
+        asyncio.run(go())
+
+    thread = threading.Thread(target=runner)
+    thread.start()
+    return thread, out, result
+
+
+def _event_source():
+    """The event source module (imported once the collection loader's namespace is on the path)."""
+    from ansible_collections.converged.hpc.extensions.eda.plugins.event_source import capi_machines
+    return capi_machines
+
+
+def reasons(events):
+    return [(e["capi_machines"]["reasons"], [m["name"] for m in e["capi_machines"]["machines"]]) for e in events]

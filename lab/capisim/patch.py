@@ -31,31 +31,42 @@ _MERGED_LISTS = {("metadata", "finalizers"): None, ("metadata", "ownerReferences
 
 
 def strategic_merge_patch(target, patch, path=()):
-    """A strategic merge patch of a built-in kind: a merge patch, but for ObjectMeta's merged lists."""
+    """A strategic merge patch of a built-in kind: a merge patch, but for ObjectMeta's merged lists (the
+    patch's items first, in its order, each merged with the item of the same key; then the items it does
+    not name) and a map's $patch directive (replace: the map is the patch's; delete: it goes)."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
+    directive = patch.get("$patch")
+    if directive == "replace":
+        return strategic_merge_patch({}, {k: v for k, v in patch.items() if k != "$patch"}, path)
+    if directive is not None and directive != "delete":
+        raise UnsupportedDirective("the simulator does not apply the strategic merge patch directive "
+                                   "$patch: %s" % directive)
     out = copy.deepcopy(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
+        if key == "$patch":
+            continue
         if key.startswith("$"):
             raise UnsupportedDirective("the simulator does not apply the strategic merge patch directive %s" % key)
         here = path + (key,)
-        if value is None:
+        if value is None or (isinstance(value, dict) and value.get("$patch") == "delete"):
             out.pop(key, None)
         elif here in _MERGED_LISTS and isinstance(value, list) and isinstance(out.get(key), list):
             merge_key = _MERGED_LISTS[here]
-            merged = list(out[key])
+
+            def key_of(item):
+                return item if merge_key is None else (item.get(merge_key) if isinstance(item, dict) else None)
+
+            old = {key_of(item): item for item in out[key]}
+            merged, named = [], set()
             for item in value:
-                if merge_key is None:
-                    if item not in merged:
-                        merged.append(item)
+                k = key_of(item)
+                if k in named:
                     continue
-                at = [i for i, old in enumerate(merged) if isinstance(old, dict) and isinstance(item, dict)
-                      and old.get(merge_key) == item.get(merge_key)]
-                if at:
-                    merged[at[0]] = merge_patch(merged[at[0]], item)
-                else:
-                    merged.append(item)
-            out[key] = merged
+                named.add(k)
+                merged.append(merge_patch(old[k], item) if merge_key is not None and k in old else item)
+            merged += [item for item in out[key] if key_of(item) not in named]
+            out[key] = copy.deepcopy(merged)
         else:
             out[key] = strategic_merge_patch(out.get(key), value, here) if isinstance(value, dict) \
                 else copy.deepcopy(value)

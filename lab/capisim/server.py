@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 from .fields import manager_from
 from .patch import JsonPatchError, UnsupportedDirective, json_patch, merge_patch, strategic_merge_patch
 from .selectors import SelectorError, field_matches, matches, parse_field_selector, parse_label_selector
-from .store import ApiError, Store
+from .store import ApiError, Store, _details
 
 VERSION_INFO = {
     "major": "1", "minor": "36", "emulationMajor": "1", "emulationMinor": "36",
@@ -30,25 +30,27 @@ _V1BETA1_DROP = {"spec": ("deletion",), "status": ("initialization",)}
 
 
 class Forbidden(ApiError):
-    def __init__(self, user, verb, res, namespace, name=None):
+    def __init__(self, user, verb, res, namespace, name=None, sub=None):
         scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
         what = f'{res.group_resource} "{name}"' if name else res.group_resource
         details = {"name": name} if name else {}
         details.update(group=res.group, kind=res.plural)
+        resource = f"{res.plural}/{sub}" if sub else res.plural
         super().__init__(403, "Forbidden", f'{what} is forbidden: User "{user}" cannot {verb} '
-                         f'resource "{res.plural}" in API group "{res.group}" {scope}', details)
+                         f'resource "{resource}" in API group "{res.group}" {scope}', details)
 
 
 class Identity:
-    """A bearer token's user; rules None means cluster-admin."""
+    """A bearer token's user; rules None means cluster-admin. A rule is (group, resource, verb), the
+    resource of a subresource named as RBAC names it (machinedeployments/scale)."""
 
     def __init__(self, user, rules=None):
         self.user, self.rules = user, rules
 
-    def allowed(self, verb, res):
+    def allowed(self, verb, res, sub=None):
         if self.rules is None:
             return True
-        return (res.group, res.plural, verb) in self.rules
+        return (res.group, f"{res.plural}/{sub}" if sub else res.plural, verb) in self.rules
 
 
 def served(obj, res, version):
@@ -273,8 +275,8 @@ class _Handler(BaseHTTPRequestHandler):
         watching = method == "GET" and query.get("watch") in ("1", "true")
         verb = {"GET": "watch" if watching else ("get" if name else "list"), "POST": "create",
                 "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
-        if not who.allowed(verb, res):
-            raise Forbidden(who.user, verb, res, namespace, name)
+        if not who.allowed(verb, res, sub):
+            raise Forbidden(who.user, verb, res, namespace, name, sub)
         if res.namespaced and namespace is not None and method != "POST" and plural != "namespaces":
             pass  # a missing namespace answers like a missing object (NotFound on get)
         if method == "POST" and res.namespaced:
@@ -317,9 +319,10 @@ class _Handler(BaseHTTPRequestHandler):
         if query["dryRun"] != "All":
             kind = {"POST": "CreateOptions", "PUT": "UpdateOptions", "PATCH": "PatchOptions",
                     "DELETE": "DeleteOptions"}[method]
-            raise ApiError(422, "Invalid", f'{kind}.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
-                           f'[]string{{"{query["dryRun"]}"}}: supported values: "All"',
-                           {"kind": kind, "group": "meta.k8s.io"})
+            why = f'Unsupported value: ["{query["dryRun"]}"]: supported values: "All"'
+            raise ApiError(422, "Invalid", f'{kind}.meta.k8s.io "" is invalid: dryRun: {why}',
+                           {"group": "meta.k8s.io", "kind": kind,
+                            "causes": [{"reason": "FieldValueNotSupported", "message": why, "field": "dryRun"}]})
         return True
 
     def _delete_options(self, query):
@@ -407,28 +410,63 @@ class _Handler(BaseHTTPRequestHandler):
                                dry_run=dry_run, manager=manager)
         self._send(200, served(obj, res, version), res=res)
 
+    @staticmethod
+    def _scale_of(obj):
+        """The autoscaling/v1 Scale of a custom resource, as kube-apiserver serves it (its specReplicasPath
+        .spec.replicas, statusReplicasPath .status.replicas, labelSelectorPath .status.selector)."""
+        meta, status = obj["metadata"], obj.get("status") or {}
+        scale_status = {"replicas": status.get("replicas", 0)}
+        if status.get("selector"):
+            scale_status["selector"] = status["selector"]
+        return {"kind": "Scale", "apiVersion": "autoscaling/v1",
+                "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                             if k in meta},
+                "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 0)}, "status": scale_status}
+
     def _scale(self, method, res, namespace, name, dry_run=False, manager=None):
+        """GET, PUT or PATCH (a merge patch or a JSON patch of the Scale: a custom resource takes no
+        strategic merge patch) of /scale; only spec.replicas reaches the object."""
         store = self.sim.store
         with store.lock:
             obj = store.get(res, namespace, name)
             if method in ("PUT", "PATCH"):
-                body = self._read_body() or {}
-                replicas = (body.get("spec") or {}).get("replicas")
-                if not isinstance(replicas, int) or replicas < 0:
-                    raise ApiError(422, "Invalid", f'Scale.autoscaling "{name}" is invalid: spec.replicas: '
-                                   f"Invalid value: {replicas}: must be greater than or equal to 0", {})
+                current = self._scale_of(obj)
+                if method == "PATCH":
+                    ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+                    if ctype not in PATCH_TYPES:
+                        raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown "
+                                       "format - accepted media types include: application/json-patch+json, "
+                                       "application/merge-patch+json, application/apply-patch+yaml")
+                    body = self._read_body()
+                    try:
+                        if ctype == "application/merge-patch+json":
+                            if not isinstance(body, dict):
+                                raise ApiError(400, "BadRequest", "the body of the request must be a JSON object")
+                            scale = merge_patch(current, body)
+                        else:
+                            scale = json_patch(current, body)
+                    except JsonPatchError:
+                        raise ApiError(422, "Invalid", "the server rejected our request due to an error in our "
+                                       "request", {})
+                else:
+                    scale = self._read_body() or {}
+                replicas = (scale.get("spec") or {}).get("replicas")
+                if not isinstance(replicas, int) or isinstance(replicas, bool):
+                    raise ApiError(422, "Invalid", f' "" is invalid: patch: Invalid value: json: cannot unmarshal '
+                                   f"{type(replicas).__name__} into Go struct field ScaleSpec.spec.replicas of type "
+                                   "int32", {"causes": [{"reason": "FieldValueInvalid", "field": "patch"}]})
+                if replicas < 0:
+                    why = f"Invalid value: {replicas}: should be a non-negative integer"
+                    raise ApiError(422, "Invalid", f'{res.kind}.{res.group} "{name}" is invalid: .spec.replicas: '
+                                   f"{why}", dict(_details(res, name, res.kind), causes=[
+                                       {"reason": "FieldValueInvalid", "message": why, "field": ".spec.replicas"}]))
+                precondition = (scale.get("metadata") or {}).get("resourceVersion") \
+                    or obj["metadata"]["resourceVersion"]
                 new = copy.deepcopy(obj)
                 new.setdefault("spec", {})["replicas"] = replicas
-                obj = store.update(res, namespace, name, new, precondition_rv=obj["metadata"]["resourceVersion"],
+                obj = store.update(res, namespace, name, new, precondition_rv=precondition,
                                    dry_run=dry_run, manager=manager, subresource="scale")
-        meta = obj["metadata"]
-        selector = (obj.get("spec") or {}).get("selector", {}).get("matchLabels", {})
-        self._send(200, {"kind": "Scale", "apiVersion": "autoscaling/v1",
-                         "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion",
-                                                           "creationTimestamp") if k in meta},
-                         "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 0)},
-                         "status": {"replicas": (obj.get("status") or {}).get("replicas", 0),
-                                    "selector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))}})
+        self._send(200, self._scale_of(obj))
 
     # ---------------------------------------------------------------- watch
     def _chunk(self, data):

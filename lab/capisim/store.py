@@ -41,6 +41,16 @@ class ApiError(Exception):
         return body
 
 
+# ObjectMeta's maps and lists are omitted when empty: the last annotation removed drops the map
+_OMITTED_WHEN_EMPTY = ("labels", "annotations", "finalizers", "ownerReferences")
+
+
+def _drop_empty(meta):
+    for key in _OMITTED_WHEN_EMPTY:
+        if key in meta and not meta[key]:
+            del meta[key]
+
+
 def _details(res, name=None, kind=None):
     d = {}
     if name is not None:
@@ -236,6 +246,7 @@ class Store:
             meta["namespace"] = namespace
         obj = dict(body)
         obj["metadata"] = meta
+        _drop_empty(meta)
         self._validate_meta(res, obj)
         with self.lock:
             items = self.objects[(res.group, res.plural)]
@@ -264,6 +275,7 @@ class Store:
         A dry run answers what the write would give and stores nothing."""
         items = self.objects[(res.group, res.plural)]
         meta = new["metadata"]
+        _drop_empty(meta)
         if old.get("spec") != new.get("spec") or meta.get("deletionTimestamp") != \
                 old["metadata"].get("deletionTimestamp"):
             meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
@@ -387,12 +399,16 @@ class Store:
     @staticmethod
     def _check_preconditions(res, obj, preconditions):
         meta = obj["metadata"]
-        for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+        # as kube-apiserver's registry words it (the kind, not the resource, qualified by the group)
+        kind = f"{res.kind}.{res.group}" if res.group else res.kind
+        for field, label, why in (("uid", "UID", "deleted and then recreated"),
+                                  ("resourceVersion", "ResourceVersion", "modified")):
             wanted = preconditions.get(field)
             if wanted is not None and wanted != meta.get(field):
-                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.group_resource} '
-                               f'"{meta["name"]}": Precondition failed: {label} in precondition: {wanted}, '
-                               f'{label} in object meta: {meta.get(field)}', _details(res, meta["name"]))
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {kind} "{meta["name"]}": the '
+                               f'{label} in the precondition ({wanted}) does not match the {label} in record '
+                               f'({meta.get(field)}). The object might have been {why}',
+                               _details(res, meta["name"]))
 
     def _collect_garbage_later(self, res, key, finalizer):
         """The garbage collector, as kube-controller-manager runs it, a moment after the DELETE:

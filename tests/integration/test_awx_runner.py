@@ -5,7 +5,8 @@ K8S_AUTH_API_KEY, K8S_AUTH_VERIFY_SSL, K8S_AUTH_SSL_CA_CERT as a path) and the c
 credential type (K8S_AUTH_KUBECONFIG, a file AWX writes) - over HTTPS; then a job of the reconcile
 template on that inventory, with a GitHub-style awx_webhook_payload, reaching the management
 cluster through the same credential. (No Slurm answers here: the lab's e2e runs the whole reconcile
-through ansible-runner.) No token in any artifact runner keeps."""
+through ansible-runner.) No token in any artifact runner keeps. On both backends: the simulator and a
+real kube-apiserver, each over HTTPS with a CA of its own."""
 
 import json
 import os
@@ -33,18 +34,19 @@ def secret_file(path, text):
     return str(path)
 
 
-def bearer_token_credential(pdd, sim, tmp_path):
+def bearer_token_credential(pdd, backend):
     """What AWX's built-in Kubernetes bearer token credential puts in the job's environment."""
-    ca = secret_file(pdd / "env" / "k8s_ca.crt", (tmp_path / "capisim.crt").read_text())
-    return {"K8S_AUTH_HOST": sim.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN, "K8S_AUTH_VERIFY_SSL": "True",
+    with open(backend.ca_cert) as fh:
+        ca = secret_file(pdd / "env" / "k8s_ca.crt", fh.read())
+    return {"K8S_AUTH_HOST": backend.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN, "K8S_AUTH_VERIFY_SSL": "True",
             "K8S_AUTH_SSL_CA_CERT": ca}
 
 
-def kubeconfig_credential(pdd, sim, tmp_path):
+def kubeconfig_credential(pdd, backend):
     """What the collection's kubeconfig credential type injects: the file, and K8S_AUTH_KUBECONFIG naming it."""
     kubeconfig = {"apiVersion": "v1", "kind": "Config", "current-context": "mgmt",
-                  "clusters": [{"name": "mgmt", "cluster": {"server": sim.url,
-                                                            "certificate-authority": str(tmp_path / "capisim.crt")}}],
+                  "clusters": [{"name": "mgmt", "cluster": {"server": backend.url,
+                                                            "certificate-authority": backend.ca_cert}}],
                   "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
                   "contexts": [{"name": "mgmt", "context": {"cluster": "mgmt", "user": "admin"}}]}
     return {"K8S_AUTH_KUBECONFIG": secret_file(pdd / "env" / "kubeconfig", yaml.safe_dump(kubeconfig))}
@@ -77,10 +79,10 @@ def job_output(pdd):
 
 
 @pytest.mark.parametrize("credential", [bearer_token_credential, kubeconfig_credential])
-def test_inventory_update_then_a_webhook_job_as_awx_runs_them(tls_sim, tmp_path, monkeypatch, credential):
+def test_inventory_update_then_a_webhook_job_as_awx_runs_them(tls_backend, tmp_path, monkeypatch, credential):
     clean_environ(monkeypatch)
     pdd = private_data_dir(tmp_path)
-    envvars = runner_env(credential(pdd, tls_sim, tmp_path))
+    envvars = runner_env(credential(pdd, tls_backend))
 
     # the inventory update: ansible-inventory on the project's source file, in the project
     out, err = ansible_runner.interface.get_inventory(
@@ -107,7 +109,7 @@ def test_inventory_update_then_a_webhook_job_as_awx_runs_them(tls_sim, tmp_path,
     # not exist here, so no controller answers, and the run says so in one line
     assert "TASK [Take the run's Lease]" in stdout, stdout[-3000:]
     assert "no Slurm controller answers" in stdout, stdout[-3000:]
-    lease = tls_sim.store.get(tls_sim.store.resource("coordination.k8s.io", "leases"), "default", "converged-hpc")
+    lease = tls_backend.api().get("coordination.k8s.io/v1", "leases", "default", "converged-hpc")
     assert "ansible-playbook pid" in lease["spec"]["holderIdentity"]
     assert run.rc != 0
     assert ADMIN_TOKEN not in job_output(pdd)

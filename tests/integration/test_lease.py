@@ -1,6 +1,7 @@
-"""converged.hpc.lease run by ansible-playbook against the simulator: the Lease outlives its
-duration while the run lives (the detached renewer), a second run waits for it and names the holder,
-a killed run's Lease lapses and the next run takes it, and the token never shows."""
+"""converged.hpc.lease run by ansible-playbook on both backends (the simulator and a real
+kube-apiserver), the Lease read back from the server: it outlives its duration while the run lives
+(the detached renewer), a second run waits for it and names the holder, a killed run's Lease lapses
+and the next run takes it, and the token never shows. Each test's Lease is in a namespace of its own."""
 
 import json
 import os
@@ -8,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from conftest import ADMIN_TOKEN, REPO, ansible_env
 
@@ -17,7 +20,7 @@ PLAY = """
   tasks:
     - name: Take the Lease
       converged.hpc.lease:
-        namespace: default
+        namespace: {namespace}
         duration: {duration}
         timeout: {timeout}
         poll: 0.5
@@ -31,16 +34,24 @@ PLAY = """
       when: {hold} > 0
     - name: Give it back
       converged.hpc.lease:
-        namespace: default
+        namespace: {namespace}
         state: released
       when: {release}
 """
 
 
+@pytest.fixture
+def sim(backend):
+    """The backend, with a namespace of the test's own for its Lease."""
+    backend.ns = backend.namespace()
+    return backend
+
+
 def start(sim, tmp_path, name, duration=6, timeout=0, hold=0, release=True, check=False):
     path = tmp_path / ("%s.yml" % name)
-    path.write_text(PLAY.format(duration=duration, timeout=timeout, hold=hold, release=str(release).lower()))
-    env = ansible_env(K8S_AUTH_HOST=sim.url, K8S_AUTH_API_KEY=ADMIN_TOKEN + "\n")
+    path.write_text(PLAY.format(duration=duration, timeout=timeout, hold=hold, release=str(release).lower(),
+                                namespace=sim.ns))
+    env = ansible_env(**dict(sim.auth_env(), K8S_AUTH_API_KEY=ADMIN_TOKEN + "\n"))
     return subprocess.Popen(["ansible-playbook", "-i", "localhost,", "-c", "local", str(path),
                              "-e", "ansible_python_interpreter=" + sys.executable] + (["--check"] if check else []),
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -58,9 +69,12 @@ def taken(out):
     return json.loads(json.loads("{%s}" % line.strip())["msg"][len("TAKEN "):])
 
 
+def stored(sim):
+    return sim.api().get("coordination.k8s.io/v1", "leases", sim.ns, "converged-hpc")
+
+
 def holder(sim):
-    obj = sim.store.objects[("coordination.k8s.io", "leases")].get(("default", "converged-hpc"))
-    return ((obj or {}).get("spec") or {}).get("holderIdentity")
+    return ((stored(sim) or {}).get("spec") or {}).get("holderIdentity")
 
 
 def wait_for(predicate, seconds=60):
@@ -116,13 +130,13 @@ def test_check_mode_takes_nothing(sim, tmp_path):
     rc, out = finish(start(sim, tmp_path, "a", check=True))
     assert rc == 0, out
     assert holder(sim) is None
-    assert ("default", "converged-hpc") not in sim.store.objects[("coordination.k8s.io", "leases")]
+    assert stored(sim) is None
 
 
 def run_play(sim, tmp_path, play, *args):
     path = tmp_path / "play.yml"
     path.write_text(play)
-    env = ansible_env(K8S_AUTH_HOST=sim.url, K8S_AUTH_API_KEY=ADMIN_TOKEN)
+    env = ansible_env(**sim.auth_env())
     proc = subprocess.run(["ansible-playbook", "-i", "localhost,", str(path)] + list(args), cwd=REPO, env=env,
                           capture_output=True, text=True, check=False)
     assert ADMIN_TOKEN not in proc.stdout + proc.stderr
@@ -131,7 +145,7 @@ def run_play(sim, tmp_path, play, *args):
 
 def test_on_the_control_node_the_lease_is_taken_in_ansibles_own_process(sim, tmp_path):
     # no Python for modules on localhost: a module run would fail, the action plugin needs none
-    play = PLAY.format(duration=30, timeout=0, hold=0, release="true")
+    play = PLAY.format(duration=30, timeout=0, hold=0, release="true", namespace=sim.ns)
     proc = run_play(sim, tmp_path, play, "-c", "local", "-e", "ansible_python_interpreter=/nonexistent/python3")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "ansible-playbook pid" in taken(proc.stdout)["holder"] and taken(proc.stdout)["renewer_pid"] > 0
@@ -140,7 +154,8 @@ def test_on_the_control_node_the_lease_is_taken_in_ansibles_own_process(sim, tmp
 
 def test_elsewhere_the_module_runs_on_the_task_host(sim, tmp_path):
     # a task on another host (not delegated to the control node) is a module run there, as before
-    play = PLAY.replace("hosts: localhost", "hosts: elsewhere").format(duration=30, timeout=0, hold=0, release="true")
+    play = PLAY.replace("hosts: localhost", "hosts: elsewhere")
+    play = play.format(duration=30, timeout=0, hold=0, release="true", namespace=sim.ns)
     path = tmp_path / "hosts.ini"
     path.write_text("elsewhere ansible_host=127.0.0.1 ansible_port=9 ansible_connection=ssh\n")
     proc = run_play(sim, tmp_path, play, "-i", str(path))
@@ -149,7 +164,7 @@ def test_elsewhere_the_module_runs_on_the_task_host(sim, tmp_path):
 
 
 def test_a_bad_argument_is_named_before_the_lease_is_touched(sim, tmp_path):
-    play = PLAY.format(duration="soon", timeout=0, hold=0, release="true")
+    play = PLAY.format(duration="soon", timeout=0, hold=0, release="true", namespace=sim.ns)
     proc = run_play(sim, tmp_path, play, "-c", "local")
     assert proc.returncode != 0 and "duration" in proc.stdout and "soon" in proc.stdout, proc.stdout[-3000:]
-    assert ("default", "converged-hpc") not in sim.store.objects[("coordination.k8s.io", "leases")]
+    assert stored(sim) is None

@@ -43,7 +43,7 @@ def acted(proc):
 
 
 def annotations(sim):
-    return sim.store.get(machines(sim), "metal3", "cn-1")["metadata"]["annotations"]
+    return sim.store.get(machines(sim), "metal3", "cn-1")["metadata"].get("annotations") or {}
 
 
 def test_released_and_put_back_in_ansibles_own_process(world, tmp_path):

@@ -2,12 +2,10 @@
 watch: the initial state, ADDED / MODIFIED / DELETED, coalescing, a 410 after /_sim/compact, a
 dropped stream, and a bad start."""
 
-import asyncio
 import copy
-import threading
 import time
 
-from conftest import ADMIN_TOKEN, a_machine, machines, set_phase
+from conftest import ADMIN_TOKEN, a_machine, machines, reasons, run_source, set_phase
 
 from ansible_collections.converged.hpc.extensions.eda.plugins.event_source import capi_machines as source
 from ansible_collections.converged.hpc.plugins.module_utils.capi_client import CapiApiError
@@ -20,45 +18,8 @@ def patch_labels(sim, name, labels, namespace="metal3"):
     store.update(machines(sim), namespace, name, obj)
 
 
-class Collector:
-    def __init__(self):
-        self.events = []
-
-    async def put(self, event):
-        self.events.append(event)
-
-
-def run_source(args, until, timeout=20):
-    """Run the source in a thread's event loop until until(events) or the timeout; the events."""
-    out = Collector()
-    result = {}
-
-    def runner():
-        async def go():
-            task = asyncio.ensure_future(source.main(out, args))
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and not until(out.events) and not task.done():
-                await asyncio.sleep(0.05)
-            if task.done():
-                result["error"] = task.exception()
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):  # the test reads result["error"]
-                pass
-        asyncio.run(go())
-
-    thread = threading.Thread(target=runner)
-    thread.start()
-    return thread, out, result
-
-
 def args_for(sim, **extra):
     return dict({"host": sim.url, "api_key": ADMIN_TOKEN, "window": 0.5, "timeout": 5}, **extra)
-
-
-def reasons(events):
-    return [(e["capi_machines"]["reasons"], [m["name"] for m in e["capi_machines"]["machines"]]) for e in events]
 
 
 def test_transitions():

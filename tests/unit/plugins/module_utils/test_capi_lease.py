@@ -1,7 +1,7 @@
-"""The Lease lock (module_utils/capi_lease.py) against the simulator: create, take over a lapsed
-holder, lose a race with 409, renew, release, RBAC and a missing namespace."""
+"""The Lease lock (module_utils/capi_lease.py) on both backends (the simulator and a real
+kube-apiserver), the Lease read back from the server: create, take over a lapsed holder, lose a race
+with 409, renew, release, RBAC and a missing namespace. Each test's Lease is in a namespace of its own."""
 
-import json
 import threading
 
 import pytest
@@ -29,18 +29,25 @@ class Clock:
         return self.now
 
 
-def reader(sim, token=ADMIN_TOKEN):
-    configuration, headers = build_configuration(host=sim.url, api_key=token)
+def reader(backend, token=ADMIN_TOKEN):
+    configuration, headers = build_configuration(**backend.auth(token))
     return CapiReader(configuration, headers=headers)
 
 
-def lock(sim, holder, clock=None, token=ADMIN_TOKEN, namespace="default", duration=30):
+@pytest.fixture
+def ns(backend):
+    backend.ns = backend.namespace()
+    return backend.ns
+
+
+def lock(backend, holder, clock=None, token=ADMIN_TOKEN, namespace=None, duration=30):
     clock = clock or Clock()
-    return LeaseLock(reader(sim, token), namespace, "converged-hpc", holder, duration, clock=clock, monotonic=clock)
+    return LeaseLock(reader(backend, token), namespace or backend.ns, "converged-hpc", holder, duration, clock=clock,
+                     monotonic=clock)
 
 
-def stored(sim, namespace="default", name="converged-hpc"):
-    return json.loads(json.dumps(sim.store.objects[("coordination.k8s.io", "leases")][(namespace, name)]))
+def stored(backend, name="converged-hpc"):
+    return backend.api().get("coordination.k8s.io/v1", "leases", backend.ns, name)
 
 
 def test_micro_time_round_trip():
@@ -53,98 +60,100 @@ def test_micro_time_round_trip():
     assert parse_time("2027-01-15T10:00:00.5+02:00") == pytest.approx(1_800_000_000.5)
 
 
-def test_a_holder_whose_renewal_time_cannot_be_read_is_not_taken_over_at_once(sim):
-    lock(sim, "run-a").acquire(timeout=0)
+@pytest.mark.parametrize("backend", ["sim"], indirect=True)  # a real server stores no such time
+def test_a_holder_whose_renewal_time_cannot_be_read_is_not_taken_over_at_once(backend, ns):
+    sim = backend.sim
+    lock(backend, "run-a").acquire(timeout=0)
     leases = sim.store.resource("coordination.k8s.io", "leases")
-    obj = stored(sim)
+    obj = stored(backend)
     obj["spec"]["renewTime"] = obj["spec"]["acquireTime"] = "yesterday-ish"
-    sim.store.update(leases, "default", "converged-hpc", obj)
+    sim.store.update(leases, ns, "converged-hpc", obj)
     with pytest.raises(LeaseHeld):
-        lock(sim, "run-b").acquire(timeout=0)
+        lock(backend, "run-b").acquire(timeout=0)
 
 
-def test_first_run_creates_the_lease(sim):
-    result = lock(sim, "run-a").acquire(timeout=0)
+def test_first_run_creates_the_lease(backend, ns):
+    result = lock(backend, "run-a").acquire(timeout=0)
     assert result["acquired"] and result["previous_holder"] is None
-    spec = stored(sim)["spec"]
+    spec = stored(backend)["spec"]
     assert spec["holderIdentity"] == "run-a" and spec["leaseDurationSeconds"] == 30
     assert spec["leaseTransitions"] == 0 and spec["renewTime"].endswith("Z")
 
 
-def test_a_held_lease_makes_the_other_wait_then_fail_naming_the_holder(sim):
+def test_a_held_lease_makes_the_other_wait_then_fail_naming_the_holder(backend, ns):
     clock = Clock()
-    lock(sim, "run-a", clock).acquire(timeout=0)
+    lock(backend, "run-a", clock).acquire(timeout=0)
     with pytest.raises(LeaseHeld) as exc:
-        lock(sim, "run-b", clock).acquire(timeout=0, poll=0.01)
+        lock(backend, "run-b", clock).acquire(timeout=0, poll=0.01)
     assert "held by run-a" in str(exc.value) and exc.value.holder == "run-a"
 
 
-def test_same_holder_renews(sim):
+def test_same_holder_renews(backend, ns):
     clock = Clock()
-    a = lock(sim, "run-a", clock)
+    a = lock(backend, "run-a", clock)
     a.acquire(timeout=0)
-    first = stored(sim)["spec"]["renewTime"]
+    first = stored(backend)["spec"]["renewTime"]
     clock.now += 10
     assert a.acquire(timeout=0)["previous_holder"] == "run-a"
-    assert stored(sim)["spec"]["renewTime"] > first and stored(sim)["spec"]["leaseTransitions"] == 0
+    assert stored(backend)["spec"]["renewTime"] > first and stored(backend)["spec"]["leaseTransitions"] == 0
 
 
-def test_a_lapsed_holder_is_taken_over(sim):
+def test_a_lapsed_holder_is_taken_over(backend, ns):
     clock = Clock()
-    lock(sim, "run-a", clock).acquire(timeout=0)
+    lock(backend, "run-a", clock).acquire(timeout=0)
     clock.now += 31
-    result = lock(sim, "run-b", clock).acquire(timeout=0)
+    result = lock(backend, "run-b", clock).acquire(timeout=0)
     assert result["previous_holder"] == "run-a"
-    spec = stored(sim)["spec"]
+    spec = stored(backend)["spec"]
     assert spec["holderIdentity"] == "run-b" and spec["leaseTransitions"] == 1
 
 
-def test_a_holder_whose_clock_runs_ahead_lapses_by_our_observation(sim):
+def test_a_holder_whose_clock_runs_ahead_lapses_by_our_observation(backend, ns):
     ahead = Clock(1_800_000_000 + 3600)
-    lock(sim, "run-a", ahead).acquire(timeout=0)
+    lock(backend, "run-a", ahead).acquire(timeout=0)
     ours = Clock()
-    b = lock(sim, "run-b", ours)
+    b = lock(backend, "run-b", ours)
     assert not b.try_acquire()[0]  # renewed "in an hour" by its clock
     ours.now += 31  # unchanged for longer than its duration, as we watched it
     assert b.try_acquire()[0]
 
 
-def test_renew_keeps_it_and_stops_when_taken(sim):
+def test_renew_keeps_it_and_stops_when_taken(backend, ns):
     clock = Clock()
-    a = lock(sim, "run-a", clock)
+    a = lock(backend, "run-a", clock)
     a.acquire(timeout=0)
     clock.now += 20
     assert a.renew()
     clock.now += 20  # 40 s after the take, 20 after the renewal: still a's
-    assert not lock(sim, "run-b", clock).try_acquire()[0]
+    assert not lock(backend, "run-b", clock).try_acquire()[0]
     clock.now += 31
-    assert lock(sim, "run-b", clock).try_acquire()[0]
+    assert lock(backend, "run-b", clock).try_acquire()[0]
     assert not a.renew()  # somebody else's now: the renewer stops
 
 
-def test_release_only_by_the_holder(sim):
-    a, b = lock(sim, "run-a"), lock(sim, "run-b")
+def test_release_only_by_the_holder(backend, ns):
+    a, b = lock(backend, "run-a"), lock(backend, "run-b")
     a.acquire(timeout=0)
     assert b.release() == (False, "run-a")
-    assert stored(sim)["spec"]["holderIdentity"] == "run-a"
+    assert stored(backend)["spec"]["holderIdentity"] == "run-a"
     assert a.release(check_mode=True) == (True, "run-a")
-    assert stored(sim)["spec"]["holderIdentity"] == "run-a"
+    assert stored(backend)["spec"]["holderIdentity"] == "run-a"
     assert a.release() == (True, "run-a")
-    assert "holderIdentity" not in stored(sim)["spec"]
+    assert "holderIdentity" not in stored(backend)["spec"]
     assert b.acquire(timeout=0)["previous_holder"] is None
 
 
-def test_check_mode_writes_nothing(sim):
-    result = lock(sim, "run-a").acquire(timeout=0, check_mode=True)
+def test_check_mode_writes_nothing(backend, ns):
+    result = lock(backend, "run-a").acquire(timeout=0, check_mode=True)
     assert result["acquired"]
-    assert ("default", "converged-hpc") not in sim.store.objects[("coordination.k8s.io", "leases")]
+    assert stored(backend) is None
 
 
-def test_racing_runs_exactly_one_wins(sim):
+def test_racing_runs_exactly_one_wins(backend, ns):
     winners, barrier = [], threading.Barrier(8)
 
     def run(name):
-        one = lock(sim, name)
+        one = lock(backend, name)
         barrier.wait()
         if one.try_acquire()[0]:
             winners.append(name)
@@ -155,12 +164,12 @@ def test_racing_runs_exactly_one_wins(sim):
     for t in threads:
         t.join()
     assert len(winners) == 1
-    assert stored(sim)["spec"]["holderIdentity"] == winners[0]
+    assert stored(backend)["spec"]["holderIdentity"] == winners[0]
 
 
-def test_stale_write_is_409_and_read_again(sim):
+def test_stale_write_is_409_and_read_again(backend, ns):
     clock = Clock()
-    a, b = lock(sim, "run-a", clock), lock(sim, "run-b", clock)
+    a, b = lock(backend, "run-a", clock), lock(backend, "run-b", clock)
     a.acquire(timeout=0)
     a.release()
     original_read = b.read
@@ -173,14 +182,14 @@ def test_stale_write_is_409_and_read_again(sim):
     b.read = read_then_a_takes_it
     taken, _obj, _previous = b.try_acquire()
     assert not taken  # b's write carried the old resourceVersion: 409
-    assert stored(sim)["spec"]["holderIdentity"] == "run-a"
+    assert stored(backend)["spec"]["holderIdentity"] == "run-a"
 
 
-def test_missing_namespace_is_named(sim):
+def test_missing_namespace_is_named(backend, ns):
     with pytest.raises(CapiApiError, match="namespace hpc-ops does not exist"):
-        lock(sim, "run-a", namespace="hpc-ops").acquire(timeout=0)
+        lock(backend, "run-a", namespace="hpc-ops").acquire(timeout=0)
 
 
-def test_no_rbac_for_leases_is_named(sim):
+def test_no_rbac_for_leases_is_named(backend, ns):
     with pytest.raises(CapiApiError, match="get, create and update on leases.coordination.k8s.io"):
-        lock(sim, "run-a", token=READONLY_TOKEN).acquire(timeout=0)
+        lock(backend, "run-a", token=READONLY_TOKEN).acquire(timeout=0)

@@ -1,0 +1,527 @@
+"""A real kube-apiserver for tests, and one small HTTP client for it and for the simulator.
+
+The envtest convention: `kube-apiserver` and `etcd` are found in the directory $KUBEBUILDER_ASSETS
+(`make kube-assets` prepares .lab/kube-assets from ../shared/k8s/bin and Debian's etcd-server).
+KubeApiServer starts etcd and the server on loopback (TLS from a CA made here, static bearer
+tokens, RBAC), installs the Cluster API and Metal3 CRDs of ../shared/k8s/crds and waits until they
+are served; stop() ends both. No controller runs: nothing garbage-collects, a finalizer stays until
+a client removes it, a deleted namespace stays Terminating.
+
+    server = KubeApiServer(workdir).start()   # about 5 s on 2 cores
+    api = server.api()                        # the admin's client; server.api(READONLY_TOKEN)
+    api.load(documents, namespace="t1")      # objects created, then their status written
+"""
+
+import copy
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHARED_K8S = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "k8s"))
+CRDS = os.path.join(SHARED_K8S, "crds")
+ASSETS_VARIABLE = "KUBEBUILDER_ASSETS"
+
+ADMIN_TOKEN = "admin-token-for-tests"
+READONLY_TOKEN = "readonly-token-for-tests"
+# a token of a user that may do nothing at all (no role bound): 403 on every request but discovery
+NOBODY_TOKEN = "nobody-token-for-tests"
+
+# the role the read-only token has: Machines only, read only (as the recorded server's machine-reader)
+READER_RULES = [{"apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"], "verbs": ["get", "list", "watch"]}]
+# a token whose user may mark Machines and read a MachineDeployment's scale, but not change it
+MARKER_TOKEN = "marker-token-for-tests"
+MARKER_RULES = [{"apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"], "verbs": ["get", "list", "patch"]},
+                {"apiGroups": ["cluster.x-k8s.io"], "resources": ["machinedeployments", "machinedeployments/scale"],
+                 "verbs": ["get"]}]
+# user, group and rules of each token with a role (the admin is system:masters, nobody has none)
+ROLES = {READONLY_TOKEN: ("machine-reader", "inventory-readers", READER_RULES),
+         MARKER_TOKEN: ("marker", "markers", MARKER_RULES)}
+
+
+def sim_rules(rules):
+    """RBAC rules as the simulator's Identity takes them: {(group, resource, verb)}."""
+    return {(group, resource, verb) for rule in rules for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def assets():
+    """The directory holding kube-apiserver and etcd, or None with the reason."""
+    where = os.environ.get(ASSETS_VARIABLE)
+    if not where:
+        return None, "$%s is not set" % ASSETS_VARIABLE
+    missing = [b for b in ("kube-apiserver", "etcd") if not os.access(os.path.join(where, b), os.X_OK)]
+    if missing:
+        return None, "$%s=%s has no %s" % (ASSETS_VARIABLE, where, " or ".join(missing))
+    return where, None
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ApiError(Exception):
+    def __init__(self, status, body):
+        self.status, self.body = status, body
+        super().__init__("HTTP %s: %s" % (status, (body or {}).get("message") if isinstance(body, dict) else body))
+
+
+class Api:
+    """Plain HTTP(S) requests to a Kubernetes API with one bearer token: the real server's or the
+    simulator's (the same requests, so tests can hold both to the same answers)."""
+
+    def __init__(self, url, token, ca_cert=None):
+        self.url, self.token = url.rstrip("/"), token
+        self.context = ssl.create_default_context(cafile=ca_cert) if url.startswith("https") else None
+
+    def request(self, method, path, body=None, content_type="application/json", query=None, token=None,
+                headers=None, raw=False):
+        """(status, decoded body) of one request; body: a dict or list sent as JSON (a str as it is)."""
+        url = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        sent = {"Accept": "application/json"}
+        token = self.token if token is None else token
+        if token:
+            sent["Authorization"] = "Bearer " + token
+        data = None
+        if body is not None:
+            data = (body if isinstance(body, str) else json.dumps(body)).encode()
+            sent["Content-Type"] = content_type
+        sent.update(headers or {})
+        req = urllib.request.Request(url, method=method, data=data, headers=sent)
+        try:
+            with urllib.request.urlopen(req, context=self.context, timeout=30) as resp:
+                status, payload = resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            status, payload = err.code, err.read()
+        if raw:
+            return status, payload
+        try:
+            return status, json.loads(payload) if payload else None
+        except ValueError:
+            return status, payload.decode("utf-8", "replace")
+
+    def ok(self, method, path, body=None, content_type="application/json", query=None, expect=(200, 201)):
+        status, data = self.request(method, path, body, content_type, query)
+        if status not in expect:
+            raise ApiError(status, data)
+        return data
+
+    # ---- paths
+    @staticmethod
+    def path(api_version, plural, namespace=None, name=None, sub=None):
+        base = "/api/v1" if api_version == "v1" else "/apis/" + api_version
+        out = base + ("/namespaces/%s" % namespace if namespace else "") + "/" + plural
+        return out + ("/" + name if name else "") + ("/" + sub if sub else "")
+
+    def obj_path(self, obj, sub=None):
+        meta = obj["metadata"]
+        return self.path(obj["apiVersion"], plural_of(obj), meta.get("namespace"), meta["name"], sub)
+
+    # ---- objects
+    def get(self, api_version, plural, namespace, name):
+        status, data = self.request("GET", self.path(api_version, plural, namespace, name))
+        if status == 404:
+            return None
+        if status != 200:
+            raise ApiError(status, data)
+        return data
+
+    def list(self, api_version, plural, namespace=None, **query):
+        return self.ok("GET", self.path(api_version, plural, namespace), query=query or None)["items"]
+
+    def create(self, obj, manager=None):
+        meta = obj["metadata"]
+        return self.ok("POST", self.path(obj["apiVersion"], plural_of(obj), meta.get("namespace")), obj,
+                       query={"fieldManager": manager} if manager else None)
+
+    def patch(self, api_version, plural, namespace, name, body, kind="merge", sub=None):
+        ctype = {"merge": "application/merge-patch+json", "json": "application/json-patch+json",
+                 "strategic": "application/strategic-merge-patch+json"}[kind]
+        return self.ok("PATCH", self.path(api_version, plural, namespace, name, sub), body, ctype)
+
+    def delete(self, api_version, plural, namespace, name):
+        return self.ok("DELETE", self.path(api_version, plural, namespace, name), expect=(200, 202))
+
+    def namespace(self, name):
+        status, data = self.request("POST", "/api/v1/namespaces",
+                                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        if status not in (201, 409):
+            raise ApiError(status, data)
+
+    def load(self, documents, namespace=None):
+        """Objects as a server returned them (fixtures, transcripts): created without what the server
+        sets, by their controller's field manager, then their status written through /status, then
+        deleted when they were being deleted (their finalizers keep them). namespace: put every
+        namespaced object there instead."""
+        made = []
+        for doc in documents:
+            obj = clean(doc, namespace)
+            if obj["kind"] == "Namespace":
+                self.namespace(obj["metadata"]["name"])
+                continue
+            if obj["metadata"].get("namespace"):
+                self.namespace(obj["metadata"]["namespace"])
+            status = obj.pop("status", None)
+            manager = CONTROLLERS.get(obj["kind"])
+            created = self.create(obj, manager)
+            if status:
+                created["status"] = status
+                created = self.ok("PUT", self.obj_path(created, "status"), created,
+                                  query={"fieldManager": manager} if manager else None)
+            if doc.get("metadata", {}).get("deletionTimestamp"):
+                self.delete(obj["apiVersion"], plural_of(obj), obj["metadata"].get("namespace"),
+                            obj["metadata"]["name"])
+            made.append(created)
+        return made
+
+
+PLURALS = {"BareMetalHost": "baremetalhosts", "Metal3Machine": "metal3machines", "Metal3Cluster": "metal3clusters",
+           "Metal3MachineTemplate": "metal3machinetemplates", "Metal3DataTemplate": "metal3datatemplates",
+           "Metal3Data": "metal3datas", "Machine": "machines", "MachineSet": "machinesets",
+           "MachineDeployment": "machinedeployments", "MachinePool": "machinepools", "Cluster": "clusters",
+           "Secret": "secrets", "ConfigMap": "configmaps", "Namespace": "namespaces", "Lease": "leases",
+           "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings", "Role": "roles",
+           "RoleBinding": "rolebindings", "CustomResourceDefinition": "customresourcedefinitions"}
+
+
+# the field manager of each kind's controller (the recorded objects' managedFields name them)
+CONTROLLERS = {"Machine": "capi-controller-manager", "MachineSet": "capi-controller-manager",
+               "MachineDeployment": "capi-controller-manager", "MachinePool": "capi-controller-manager",
+               "Cluster": "capi-controller-manager", "Metal3Machine": "capm3-controller-manager",
+               "Metal3Cluster": "capm3-controller-manager", "BareMetalHost": "baremetal-operator"}
+
+
+def plural_of(obj):
+    return PLURALS[obj["kind"]]
+
+
+def clean(doc, namespace=None):
+    """An object as a client creates it: no uid, resourceVersion, managedFields and the like."""
+    obj = copy.deepcopy(doc)
+    meta = obj.setdefault("metadata", {})
+    for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields", "generation", "deletionTimestamp",
+                "deletionGracePeriodSeconds", "selfLink"):
+        meta.pop(key, None)
+    if namespace and meta.get("namespace"):
+        meta["namespace"] = namespace
+        # owners are in the namespace the fixture had: their uids are not this server's
+        meta.pop("ownerReferences", None)
+    return obj
+
+
+TRANSCRIPTS = os.path.join(SHARED_K8S, "transcripts")
+
+
+def _commented_documents(path):
+    """(comment lines before it, document) for each YAML document of path."""
+    out, comments, lines = [], [], []
+
+    def flush():
+        text = "\n".join(lines)
+        doc = yaml.safe_load(text) if text.strip() else None
+        out.append((list(comments), doc))
+
+    pending = []
+    for line in open(path).read().splitlines():
+        if line.strip() == "---":
+            if lines or comments:
+                flush()
+            comments, lines, pending = pending, [], []
+        elif line.startswith("# "):
+            pending.append(line[2:])
+        else:
+            lines.append(line)
+    flush()  # comments after the last document name nothing
+    return out
+
+
+def load_recorded(api, transcripts=TRANSCRIPTS):
+    """The objects the recorded transcripts were taken from, made as they were made: objects.yaml
+    created through the version each names, then status-patches.yaml sent as its comments say (a
+    status first sent to v1beta2 and refused is sent again through v1beta1, as recorded; the
+    deleting Machine deleted, its finalizer keeping it), each write by its controller's field manager,
+    so that their managedFields are the recorded ones too."""
+    for _comments, doc in _commented_documents(os.path.join(transcripts, "objects.yaml")):
+        if not doc:
+            continue
+        if doc["kind"] == "Namespace":
+            api.namespace(doc["metadata"]["name"])
+            continue
+        meta = doc["metadata"]
+        manager = CONTROLLERS.get(doc["kind"], "kubectl-create")
+        status, body = api.request("POST", api.path(doc["apiVersion"], plural_of(doc), meta.get("namespace")), doc,
+                                   query={"fieldManager": manager})
+        if status != 201 and not (status == 409 and doc["kind"].startswith("ClusterRole")):
+            raise ApiError(status, body)
+    refused = set()
+    for comments, doc in _commented_documents(os.path.join(transcripts, "status-patches.yaml")):
+        for comment in comments:
+            words = comment.split(" ; ")[0].split()
+            if words[0] == "DELETE":
+                plural, group = words[1].split(".", 1)
+                namespace, name = words[2].split("/")
+                api.ok("DELETE", "/apis/%s/%s/namespaces/%s/%s/%s" % (group, "v1beta2", namespace, plural, name),
+                       expect=(200, 202))
+            elif words[0] in ("PATCH", "RETRY"):
+                if words[0] == "RETRY":
+                    at = words.index("PATCH")
+                    plural, version, group = words[at + 1].split(".", 2)
+                    target = words[at + 2]
+                else:
+                    (group, version), plural, target = words[1].split("/", 1), words[2], words[3]
+                namespace, name = target.split("/")
+                path = "/apis/%s/%s/namespaces/%s/%s/%s/status" % (group, version, namespace, plural, name)
+                manager = next((m for k, m in CONTROLLERS.items() if PLURALS[k] == plural), "kubectl-patch")
+                status, body = api.request("PATCH", path, doc, "application/merge-patch+json",
+                                           query={"fieldManager": manager})
+                if status == 422 and words[0] == "PATCH":
+                    refused.add((plural, target))
+                elif status != 200:
+                    raise ApiError(status, body)
+                elif words[0] == "RETRY":
+                    refused.discard((plural, target))
+    if refused:
+        raise RuntimeError("status patches refused and never sent again: %s" % sorted(refused))
+
+
+def read_yaml(path):
+    with open(path) as fh:
+        docs = []
+        for doc in yaml.safe_load_all(fh):
+            if doc and doc.get("kind") == "List":
+                docs.extend(doc.get("items") or [])
+            elif doc:
+                docs.append(doc)
+        return docs
+
+
+class KubeApiServer:
+    """etcd and kube-apiserver from $KUBEBUILDER_ASSETS on loopback, the CRDs installed."""
+
+    def __init__(self, workdir, assets_dir=None, crds=CRDS):
+        self.workdir = str(workdir)
+        self.assets = assets_dir or assets()[0]
+        self.crds = crds
+        self.procs = []
+        self.url = None
+        self.ca_cert = os.path.join(self.workdir, "ca.crt")
+        self.started_in = None
+
+    # ---- start and stop
+    def start(self, timeout=90):
+        t0 = time.monotonic()
+        os.makedirs(self.workdir, exist_ok=True)
+        self._certificates()
+        with open(os.path.join(self.workdir, "tokens.csv"), "w") as fh:
+            fh.write('%s,admin,admin-uid,"system:masters"\n' % ADMIN_TOKEN)
+            for token, (user, group, _rules) in sorted(ROLES.items()):
+                fh.write('%s,%s,%s-uid,"%s"\n' % (token, user, user, group))
+            fh.write('%s,nobody,nobody-uid\n' % NOBODY_TOKEN)
+        client, peer, port = free_port(), free_port(), free_port()
+        etcd_url = "http://127.0.0.1:%d" % client
+        self._spawn("etcd", [os.path.join(self.assets, "etcd"), "--data-dir", os.path.join(self.workdir, "etcd"),
+                             "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+                             "--listen-peer-urls", "http://127.0.0.1:%d" % peer,
+                             "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % peer,
+                             "--initial-cluster", "default=http://127.0.0.1:%d" % peer])
+        self.url = "https://127.0.0.1:%d" % port
+        w = self.workdir
+        self._apiserver_argv = [
+            os.path.join(self.assets, "kube-apiserver"), "--etcd-servers=" + etcd_url,
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=%d" % port,
+            "--tls-cert-file=%s/server.crt" % w, "--tls-private-key-file=%s/server.key" % w,
+            "--client-ca-file=%s/ca.crt" % w, "--service-account-key-file=%s/sa.pub" % w,
+            "--service-account-signing-key-file=%s/sa.key" % w, "--service-account-issuer=" + self.url,
+            "--token-auth-file=%s/tokens.csv" % w, "--authorization-mode=RBAC",
+            "--service-cluster-ip-range=10.96.0.0/16", "--endpoint-reconciler-type=none"]
+        self._spawn("kube-apiserver", self._apiserver_argv)
+        api = self.api()
+        self._wait(lambda: api.request("GET", "/readyz")[1] == "ok", timeout, "/readyz")
+        self._rbac(api)
+        self._install_crds(api, timeout)
+        self.started_in = time.monotonic() - t0
+        return self
+
+    def restart_apiserver(self, timeout=90):
+        """Kill kube-apiserver and start it again on the same etcd (a crash, or a node rebooted): its watch
+        cache starts again at the current resourceVersion, its clients' connections are cut."""
+        proc = next(p for p in self.procs if os.path.basename(p.args[0]) == "kube-apiserver")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        self.procs.remove(proc)
+        self._spawn("kube-apiserver", self._apiserver_argv)
+        api = self.api()
+        self._wait(lambda: api.request("GET", "/readyz")[1] == "ok", timeout, "/readyz")
+        self._wait(lambda: api.request("GET", "/apis/cluster.x-k8s.io/v1beta2/machines", query={"limit": 1})[0] == 200,
+                   timeout, "the Machines")
+
+    def stop(self):
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(3)  # kube-apiserver drains its watches first: nothing to keep here
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+        self.procs = []
+        for fh in getattr(self, "_logs", []):
+            fh.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _spawn(self, name, argv):
+        log = open(os.path.join(self.workdir, name + ".log"), "wb")
+        self._logs = getattr(self, "_logs", []) + [log]
+        self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                           cwd=self.workdir))
+
+    def log_tail(self, name="kube-apiserver", lines=20):
+        try:
+            with open(os.path.join(self.workdir, name + ".log"), errors="replace") as fh:
+                return "".join(fh.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _wait(self, predicate, timeout, what):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    name = os.path.basename(proc.args[0])
+                    raise RuntimeError("%s exited (%s) while waiting for %s:\n%s"
+                                       % (name, proc.returncode, what, self.log_tail(name)))
+            try:
+                if predicate():
+                    return
+            except OSError:  # not listening yet
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("kube-apiserver: %s not ready in %d s:\n%s" % (what, timeout, self.log_tail()))
+
+    def _certificates(self):
+        w = self.workdir
+
+        def openssl(*args):
+            subprocess.run(["openssl"] + list(args), cwd=w, check=True, capture_output=True)
+
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=converged-hpc-test-ca",
+                "-keyout", "ca.key", "-out", "ca.crt")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver", "-keyout", "server.key",
+                "-out", "server.csr")
+        with open(os.path.join(w, "san.ext"), "w") as fh:
+            fh.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "2", "-extfile", "san.ext", "-out", "server.crt")
+        openssl("genrsa", "-out", "sa.key", "2048")
+        openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+
+    def _rbac(self, api):
+        for _token, (user, group, rules) in sorted(ROLES.items()):
+            # the reader's role has the recorded server's name (objects.yaml makes it too)
+            name = "capi-machine-reader" if user == "machine-reader" else "converged-hpc-test-" + user
+            api.ok("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": name}, "rules": rules})
+            api.ok("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}]})
+
+    def _install_crds(self, api, timeout):
+        names, served = [], []
+        for path in sorted(glob.glob(os.path.join(self.crds, "*.yaml"))):
+            for crd in read_yaml(path):
+                api.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+                names.append(crd["metadata"]["name"])
+                version = next(v["name"] for v in crd["spec"]["versions"] if v.get("storage"))
+                served.append(("/apis/%s/%s" % (crd["spec"]["group"], version), crd["spec"]["names"]["plural"]))
+
+        def established():
+            for name in names:
+                crd = api.ok("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + name)
+                if not any(c["type"] == "Established" and c["status"] == "True"
+                           for c in (crd.get("status") or {}).get("conditions") or []):
+                    return False
+            for path, plural in served:  # discovery serves them, so lists answer
+                status, body = api.request("GET", path)
+                if status != 200 or plural not in {r["name"] for r in body["resources"]}:
+                    return False
+            return True
+
+        self._wait(established, timeout, "the CRDs")
+
+    # ---- clients
+    def api(self, token=ADMIN_TOKEN):
+        return Api(self.url, token, self.ca_cert)
+
+    def kubeconfig(self, path, token=ADMIN_TOKEN, context="envtest"):
+        """A kubeconfig file for this server with one user holding token; its path."""
+        with open(self.ca_cert) as fh:
+            import base64
+            ca = base64.b64encode(fh.read().encode()).decode()
+        config = {"apiVersion": "v1", "kind": "Config", "current-context": context,
+                  "clusters": [{"name": "envtest", "cluster": {"server": self.url, "certificate-authority-data": ca}}],
+                  "users": [{"name": "user-" + context, "user": {"token": token}}],
+                  "contexts": [{"name": context, "context": {"cluster": "envtest", "user": "user-" + context}}]}
+        with open(path, "w") as fh:
+            yaml.safe_dump(config, fh)
+        os.chmod(path, 0o600)
+        return str(path)
+
+
+def prepare_assets(target, shared_bin=os.path.join(SHARED_K8S, "bin"), etcd="/usr/bin/etcd"):
+    """Make target an envtest assets directory: kube-apiserver unpacked from shared_bin (its sum
+    checked), etcd linked from Debian's etcd-server. Returns target."""
+    os.makedirs(target, exist_ok=True)
+    (packed,) = glob.glob(os.path.join(shared_bin, "kube-apiserver-*.xz"))
+    binary = os.path.join(target, "kube-apiserver")
+    with open(os.path.join(shared_bin, "SHA256SUMS")) as fh:
+        want = fh.read().split()[0]
+    if not os.path.exists(binary) or _sha256(binary) != want:
+        with open(binary + ".tmp", "wb") as out:
+            subprocess.run(["xz", "-dc", packed], stdout=out, check=True)
+        if _sha256(binary + ".tmp") != want:
+            raise RuntimeError("%s does not unpack to the sum in SHA256SUMS" % packed)
+        os.chmod(binary + ".tmp", 0o755)
+        os.replace(binary + ".tmp", binary)
+    link = os.path.join(target, "etcd")
+    if os.path.islink(link) or os.path.exists(link):
+        os.unlink(link)
+    os.symlink(shutil.which("etcd") or etcd, link)
+    return target
+
+
+def _sha256(path):
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+if __name__ == "__main__":  # python3 tests/kubeapi.py prepare DIR
+    import sys
+    if len(sys.argv) == 3 and sys.argv[1] == "prepare":
+        print(prepare_assets(sys.argv[2]))
+    else:
+        sys.exit("usage: python3 tests/kubeapi.py prepare DIR")
