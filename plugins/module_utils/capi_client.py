@@ -33,7 +33,9 @@ except ImportError:  # pragma: no cover - urllib3 < 2, or no urllib3 (then no ku
         HTTPHeaderDict = dict
 
 try:
+    import urllib3
     from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
     from kubernetes.config.config_exception import ConfigException
 
     HAS_KUBERNETES = True
@@ -43,9 +45,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the libr
     KUBERNETES_IMPORT_ERROR = exc
 
 try:
+    from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_MAP
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import (
         _create_auth_spec,
-        _create_configuration,
         _create_headers,
     )
 
@@ -166,6 +168,58 @@ def _kubeconfig_paths(auth):
     return [(os.path.expanduser(p), origin) for p in value.split(os.pathsep) if p]
 
 
+# AUTH_ARG_MAP's keys that are not a Configuration's settings
+_NOT_SETTINGS = ("kubeconfig", "context", "persist_config", "api_key", "proxy_headers")
+
+
+def _load_kubeconfig(auth, configuration):
+    """The kubeconfig (a path, several paths, a dict; else $KUBECONFIG, ~/.kube/config) into configuration."""
+    kubeconfig = auth.get("kubeconfig")
+    options = dict(context=auth.get("context"), client_configuration=configuration,
+                   persist_config=bool(auth.get("persist_config")))
+    if isinstance(kubeconfig, dict):
+        k8s_config.load_kube_config_from_dict(config_dict=kubeconfig, **options)
+    else:
+        k8s_config.load_kube_config(config_file=kubeconfig or None, **options)
+
+
+def own_configuration(auth):
+    """A kubernetes.client.Configuration of this client's own, from kubernetes.core's auth spec, in its
+    order: host with a token, a user and password or a client certificate; else a kubeconfig (or a
+    context); else in-cluster, then the default kubeconfig; the given options on top.
+
+    kubernetes.core's _create_configuration starts from the library's process-wide default
+    (get_default_copy), which load_kube_config without a client_configuration replaces, token-refresh
+    hook included: in one process, a client given host and api_key after any kubeconfig was loaded
+    (the inventory in ansible-playbook, a first event source in ansible-rulebook) sent that
+    kubeconfig's token instead. Here every configuration starts empty, a kubeconfig is loaded into it
+    and nowhere else, and a given api_key is the one sent: nothing loaded earlier reaches it."""
+    configuration = k8s_client.Configuration()
+
+    def given(*names):
+        return all(auth.get(name) for name in names)
+
+    if not (given("username", "password", "host") or given("api_key", "host") or given("cert_file", "key_file", "host")):
+        if given("kubeconfig") or given("context"):
+            _load_kubeconfig(auth, configuration)
+        else:
+            try:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            except ConfigException:
+                _load_kubeconfig(auth, configuration)
+    for key, value in auth.items():
+        if value is None or key not in AUTH_ARG_MAP:
+            continue
+        if key == "api_key":
+            configuration.api_key = {"authorization": "Bearer %s" % value}
+            configuration.refresh_api_key_hook = None  # a kubeconfig's would put its own token back
+        elif key == "proxy_headers":
+            configuration.proxy_headers = urllib3.util.make_headers(**value)
+        elif key not in _NOT_SETTINGS:
+            setattr(configuration, key, value)
+    return configuration
+
+
 def build_configuration(**options):
     """A kubernetes.client.Configuration and the extra headers, as kubernetes.core builds them.
 
@@ -209,7 +263,7 @@ def build_configuration(**options):
         where = "(given as a dict)" if isinstance(auth.get("kubeconfig"), dict) else \
             ", ".join(p[0] for p in paths) or "(in-cluster)"
         try:
-            configuration = _create_configuration(auth)
+            configuration = own_configuration(auth)
         except (ConfigException, ValueError, TypeError, KeyError) as exc:
             raise CapiApiError("cannot use kubeconfig %s%s: %s" % (
                 where, " (context %s)" % auth["context"] if auth.get("context") else "",
