@@ -55,6 +55,8 @@ def api_task(params, label, work):
 def module_main(argument_spec, work):
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     result = work(module.params, module.check_mode)
+    for warning in result.pop("warnings", []):
+        module.warn(warning)
     if result.pop("failed", False):
         module.fail_json(**result)
     module.exit_json(**result)
