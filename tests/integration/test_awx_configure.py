@@ -9,7 +9,9 @@ import json
 import os
 import re
 import subprocess
+import sys
 
+import pytest
 import yaml
 
 from conftest import REPO, ansible_env
@@ -92,3 +94,79 @@ def test_missing_input_fails_before_any_awx_call():
     assert res.returncode != 0
     assert "needs converged_awx_project_url" in res.stdout and "not 'bitbucket'" in res.stdout, res.stdout
     assert res.stdout.count("TASK [") == 1  # the check, nothing after it
+
+
+# ---- awx_configure.yml run against the AWX API stand-in (tests/awx_api.py): what it sends, what it
+# compares, what a second run changes
+AWX_TOKEN = "awx-oauth-token-for-tests"
+MUNGE = "bXVuZ2Uta2V5LWZvci10ZXN0cy0wMTIzNDU2Nzg5YWJjZGVm"
+SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktZm9yLXRlc3Rz\n-----END OPENSSH PRIVATE KEY-----\n"
+KUBECONFIG = "apiVersion: v1\nkind: Config\nusers:\n- name: a\n  user:\n    token: kube-token-for-tests\n"
+LDAP = "ldap-bind-password-for-tests"
+
+
+def configure(awx, tmp_path, **given):
+    values = {"converged_awx_project_url": "https://git.example.invalid/converged/hpc.git",
+              "converged_awx_kubeconfig": KUBECONFIG, "converged_awx_ssh_private_key": SSH_KEY,
+              "converged_awx_munge_key": MUNGE, "converged_awx_ldap_bind_password": LDAP}
+    values.update(given)
+    path = tmp_path / "awx-vars.json"
+    path.write_text(json.dumps({k: v for k, v in values.items() if v is not None}))
+    env = ansible_env(CONTROLLER_HOST=awx.url, CONTROLLER_OAUTH_TOKEN=AWX_TOKEN)
+    before = len(awx.writes)
+    res = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", PLAYBOOK, "-e", "@" + str(path),
+                          "-e", "ansible_python_interpreter=" + sys.executable],
+                         env=env, capture_output=True, text=True, check=False, timeout=600)
+    text = res.stdout + res.stderr
+    for secret in (MUNGE, SSH_KEY.splitlines()[1], "kube-token-for-tests", LDAP, AWX_TOKEN) + \
+            tuple(v for v in given.values() if isinstance(v, str) and len(v) > 12):
+        assert secret not in text, "a secret reached the output"
+    recap = res.stdout.split("PLAY RECAP")[-1]
+    return res, recap, awx.writes[before:]
+
+
+@pytest.fixture
+def awx():
+    from awx_api import AwxApi
+    api = AwxApi(AWX_TOKEN).start()
+    yield api
+    api.stop()
+
+
+def test_a_second_run_changes_nothing_and_rotation_changes_exactly_what_is_named(awx, tmp_path):
+    res, recap, writes = configure(awx, tmp_path)
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert awx.secret("converged-hpc slurm secrets", "munge_key") == MUNGE
+    assert awx.associated("job_templates", "converged-hpc site", "credentials") == [
+        "converged-hpc machines", "converged-hpc management cluster", "converged-hpc slurm secrets"]
+    # the same input again: no write at all
+    res, recap, writes = configure(awx, tmp_path)
+    assert res.returncode == 0 and "changed=0" in recap, res.stdout[-4000:]
+    assert writes == []
+    # a new munge key is not written by itself: AWX never shows the stored one
+    new_key = "bmV3LW11bmdlLWtleS1mb3ItdGVzdHMtOTg3NjU0MzIxMA=="
+    res, recap, writes = configure(awx, tmp_path, converged_awx_munge_key=new_key)
+    assert res.returncode == 0 and "changed=0" in recap and writes == [], res.stdout[-4000:]
+    assert awx.secret("converged-hpc slurm secrets", "munge_key") == MUNGE
+    # asked for: exactly that credential is written, once
+    res, recap, writes = configure(awx, tmp_path, converged_awx_munge_key=new_key,
+                                   converged_awx_rotate=["slurm_secrets"])
+    assert res.returncode == 0 and "changed=1" in recap, res.stdout[-4000:]
+    slurm = awx.named("credentials", "converged-hpc slurm secrets")
+    assert [(m, p) for m, p, _b in writes] == [("PATCH", slurm["url"])]
+    assert awx.secret("converged-hpc slurm secrets", "munge_key") == new_key
+    assert awx.secret("converged-hpc slurm secrets", "ldap_bind_password") == LDAP
+    assert awx.secret("converged-hpc machines", "ssh_key_data") == SSH_KEY
+    # all: every credential written again
+    res, recap, writes = configure(awx, tmp_path, converged_awx_munge_key=new_key, converged_awx_rotate=["all"])
+    assert res.returncode == 0 and "changed=3" in recap, res.stdout[-4000:]
+    assert sorted(p for m, p, _b in writes) == sorted(awx.named("credentials", "converged-hpc " + n)["url"] for n in
+                                                      ("management cluster", "machines", "slurm secrets"))
+
+
+def test_a_bad_rotation_is_named_before_any_awx_call(awx, tmp_path):
+    res, _recap, writes = configure(awx, tmp_path, converged_awx_rotate=["munge"])
+    assert res.returncode != 0 and "converged_awx_rotate is a list of" in res.stdout and "munge" in res.stdout
+    assert writes == [] and res.stdout.count("TASK [") == 1
+    res, _recap, writes = configure(awx, tmp_path, converged_awx_rotate="all")
+    assert res.returncode != 0 and writes == []
