@@ -109,10 +109,11 @@ validate_conf() {
 cmd_deps() {
   local missing=()
   mkdir -p "$STATE/logs"
-  # java: ansible-rulebook (the event path) runs its rules engine on a Java 17 runtime
-  for tool in podman runc debootstrap iptables ssh-keygen ssh flock ps git openssl java; do
+  # java: ansible-rulebook (the event path) runs its rules engine on a Java 17 runtime (or newer)
+  for tool in podman runc debootstrap iptables ssh-keygen ssh flock ps git openssl; do
     command -v "$tool" >/dev/null || missing+=("$tool")
   done
+  java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])' || missing+=("java 17")
   if ((${#missing[@]})); then
     say "installing Debian packages for: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -121,8 +122,9 @@ cmd_deps() {
       openssh-client util-linux procps git openssl openjdk-17-jre-headless >/dev/null
   fi
   # The Python side (ansible-playbook, the kubernetes client the inventory plugin and
-  # the simulator's tools use): requirements.txt, installed when any of it is missing.
-  if ! command -v ansible-playbook >/dev/null \
+  # the simulator's tools use, ansible-rulebook for the event path): requirements.txt,
+  # installed when any of it is missing.
+  if ! command -v ansible-playbook >/dev/null || ! command -v ansible-rulebook >/dev/null \
       || ! python3 -c 'import ansible, kubernetes, yaml, netaddr, jinja2' 2>/dev/null; then
     say "installing Python packages: pip install -r requirements.txt"
     python3 -m pip install -q -r "$REPO_DIR/requirements.txt" >"$STATE/logs/pip.log" 2>&1 \
