@@ -63,6 +63,7 @@ class AwxApi:
         self.related = {}          # (endpoint, id, name) -> [ids]
         self.raw_inputs = {}       # credential id -> inputs as given (secrets in clear)
         self.writes = []           # (method, path, body)
+        self.requests = []         # (method, path) of every request
         self.webhook_keys = {}
         self.lock = threading.Lock()
         self.next_id = 1
@@ -94,6 +95,7 @@ class AwxApi:
                 body = json.loads(raw) if raw else None
                 url = urlsplit(self.path)
                 with api.lock:
+                    api.requests.append((method, url.path))
                     status, out = api.handle(method, url.path, dict(parse_qsl(url.query)), body)
                 self._answer(status, out)
 
@@ -256,3 +258,27 @@ class AwxApi:
         if endpoint == "job_templates" and "webhook_service" in body:
             self.webhook_keys[obj["id"]] = "key-%d" % obj["id"] if body["webhook_service"] else ""
         return 200, copy.deepcopy(obj)
+
+
+def inject(credential_type, inputs, env_dir):
+    """What AWX 24.6.1 gives a job for a credential of a custom type (CredentialType.inject_credential):
+    the inputs set (non-empty) are the template namespace, each extra_vars injector is rendered in
+    Jinja's immutable sandbox, and the result is written as YAML to a file of env_dir the job gets as
+    `-e @file`. Returns that file's path, or None when the type injects no extra vars."""
+    import os
+    import tempfile
+
+    import yaml
+    from jinja2 import sandbox
+
+    namespace = {k: v for k, v in inputs.items() if isinstance(v, bool) or len(v)}
+    env = sandbox.ImmutableSandboxedEnvironment()
+    extra_vars = {name: env.from_string(template).render(**namespace)
+                  for name, template in (credential_type.get("injectors") or {}).get("extra_vars", {}).items()}
+    if not extra_vars:
+        return None
+    handle, path = tempfile.mkstemp(dir=env_dir)
+    with os.fdopen(handle, "w") as fh:
+        fh.write(yaml.safe_dump(extra_vars))
+    os.chmod(path, 0o440)
+    return path

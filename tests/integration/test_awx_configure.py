@@ -14,7 +14,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, ansible_env
+from conftest import COLLECTIONS, REPO, ansible_env
 
 PLAYBOOK = os.path.join(REPO, "playbooks", "awx_configure.yml")
 SECRET_INPUTS = ("kubeconfig", "bearer_token", "ssh_key_data", "munge_key", "ldap_bind_password", "vrrp_password")
@@ -105,7 +105,7 @@ KUBECONFIG = "apiVersion: v1\nkind: Config\nusers:\n- name: a\n  user:\n    toke
 LDAP = "ldap-bind-password-for-tests"
 
 
-def configure(awx, tmp_path, **given):
+def configure(awx, tmp_path, extra_args=(), **given):
     values = {"converged_awx_project_url": "https://git.example.invalid/converged/hpc.git",
               "converged_awx_kubeconfig": KUBECONFIG, "converged_awx_ssh_private_key": SSH_KEY,
               "converged_awx_munge_key": MUNGE, "converged_awx_ldap_bind_password": LDAP}
@@ -113,15 +113,16 @@ def configure(awx, tmp_path, **given):
     path = tmp_path / "awx-vars.json"
     path.write_text(json.dumps({k: v for k, v in values.items() if v is not None}))
     env = ansible_env(CONTROLLER_HOST=awx.url, CONTROLLER_OAUTH_TOKEN=AWX_TOKEN)
-    before = len(awx.writes)
+    before, asked = len(awx.writes), len(awx.requests)
     res = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", PLAYBOOK, "-e", "@" + str(path),
-                          "-e", "ansible_python_interpreter=" + sys.executable],
+                          "-e", "ansible_python_interpreter=" + sys.executable] + list(extra_args),
                          env=env, capture_output=True, text=True, check=False, timeout=600)
     text = res.stdout + res.stderr
     for secret in (MUNGE, SSH_KEY.splitlines()[1], "kube-token-for-tests", LDAP, AWX_TOKEN) + \
             tuple(v for v in given.values() if isinstance(v, str) and len(v) > 12):
         assert secret not in text, "a secret reached the output"
     recap = res.stdout.split("PLAY RECAP")[-1]
+    configure.requests = awx.requests[asked:]
     return res, recap, awx.writes[before:]
 
 
@@ -136,9 +137,13 @@ def awx():
 def test_a_second_run_changes_nothing_and_rotation_changes_exactly_what_is_named(awx, tmp_path):
     res, recap, writes = configure(awx, tmp_path)
     assert res.returncode == 0, res.stdout[-4000:]
-    assert awx.secret("converged-hpc slurm secrets", "munge_key") == MUNGE
-    assert awx.associated("job_templates", "converged-hpc site", "credentials") == [
-        "converged-hpc machines", "converged-hpc management cluster", "converged-hpc slurm secrets"]
+    assert awx.secret("converged-hpc munge key", "munge_key") == MUNGE
+    # the secrets given, one credential each, and only those: no VRRP password was given
+    for template in ("site", "reconcile", "autoscale"):
+        assert awx.associated("job_templates", "converged-hpc " + template, "credentials") == [
+            "converged-hpc LDAP bind password", "converged-hpc machines", "converged-hpc management cluster",
+            "converged-hpc munge key"]
+    assert awx.named("credentials", "converged-hpc VRRP password") is None
     # the same input again: no write at all
     res, recap, writes = configure(awx, tmp_path)
     assert res.returncode == 0 and "changed=0" in recap, res.stdout[-4000:]
@@ -147,26 +152,152 @@ def test_a_second_run_changes_nothing_and_rotation_changes_exactly_what_is_named
     new_key = "bmV3LW11bmdlLWtleS1mb3ItdGVzdHMtOTg3NjU0MzIxMA=="
     res, recap, writes = configure(awx, tmp_path, converged_awx_munge_key=new_key)
     assert res.returncode == 0 and "changed=0" in recap and writes == [], res.stdout[-4000:]
-    assert awx.secret("converged-hpc slurm secrets", "munge_key") == MUNGE
+    assert awx.secret("converged-hpc munge key", "munge_key") == MUNGE
     # asked for: exactly that credential is written, once
-    res, recap, writes = configure(awx, tmp_path, converged_awx_munge_key=new_key,
-                                   converged_awx_rotate=["slurm_secrets"])
+    res, recap, writes = configure(awx, tmp_path, converged_awx_munge_key=new_key, converged_awx_rotate=["munge_key"])
     assert res.returncode == 0 and "changed=1" in recap, res.stdout[-4000:]
-    slurm = awx.named("credentials", "converged-hpc slurm secrets")
-    assert [(m, p) for m, p, _b in writes] == [("PATCH", slurm["url"])]
-    assert awx.secret("converged-hpc slurm secrets", "munge_key") == new_key
-    assert awx.secret("converged-hpc slurm secrets", "ldap_bind_password") == LDAP
+    munge = awx.named("credentials", "converged-hpc munge key")
+    assert [(m, p) for m, p, _b in writes] == [("PATCH", munge["url"])]
+    assert awx.secret("converged-hpc munge key", "munge_key") == new_key
+    assert awx.secret("converged-hpc LDAP bind password", "ldap_bind_password") == LDAP
     assert awx.secret("converged-hpc machines", "ssh_key_data") == SSH_KEY
     # all: every credential written again
     res, recap, writes = configure(awx, tmp_path, converged_awx_munge_key=new_key, converged_awx_rotate=["all"])
-    assert res.returncode == 0 and "changed=3" in recap, res.stdout[-4000:]
+    assert res.returncode == 0 and "changed=3" in recap, res.stdout[-4000:]  # the secrets' credentials: one task
     assert sorted(p for m, p, _b in writes) == sorted(awx.named("credentials", "converged-hpc " + n)["url"] for n in
-                                                      ("management cluster", "machines", "slurm secrets"))
+                                                      ("management cluster", "machines", "munge key",
+                                                       "LDAP bind password"))
+    # a secret no longer given: its credential is no longer attached (the job reads the inventory's value)
+    res, recap, writes = configure(awx, tmp_path, converged_awx_munge_key=new_key, converged_awx_ldap_bind_password=None)
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "converged-hpc LDAP bind password" not in awx.associated("job_templates", "converged-hpc site", "credentials")
 
 
 def test_a_bad_rotation_is_named_before_any_awx_call(awx, tmp_path):
     res, _recap, writes = configure(awx, tmp_path, converged_awx_rotate=["munge"])
     assert res.returncode != 0 and "converged_awx_rotate is a list of" in res.stdout and "munge" in res.stdout
-    assert writes == [] and res.stdout.count("TASK [") == 1
+    assert configure.requests == [] and res.stdout.count("TASK [") == 1
     res, _recap, writes = configure(awx, tmp_path, converged_awx_rotate="all")
-    assert res.returncode != 0 and writes == []
+    assert res.returncode != 0 and configure.requests == []
+
+
+def test_a_secret_among_the_extra_vars_is_refused_naming_its_credential(awx, tmp_path):
+    extra = tmp_path / "extra.yml"
+    extra.write_text("slurm_partition_default: batch\ndb_password: x\n")
+    res, _recap, _writes = configure(awx, tmp_path, converged_awx_extra_vars={
+        "converged_ha": True, "munge_key": "a-munge-key-in-clear", "keepalived_vip": "10.0.0.254",
+        "sssd_ldap_bind_password": "a-bind-password-in-clear", "slurmrestd_jwt_key": "k", "munge_key_source": "x"},
+        converged_awx_extra_vars_file=str(extra))
+    text = " ".join(res.stdout.split())
+    assert res.returncode != 0 and configure.requests == [], text[-3000:]
+    assert 'munge_key belongs in converged_awx_munge_key (the credential "converged-hpc munge key")' in text
+    assert 'sssd_ldap_bind_password belongs in converged_awx_ldap_bind_password' in text
+    assert "slurmrestd_jwt_key belongs in a credential of a custom credential type" in text
+    assert "db_password belongs in" in text
+    for fine in ("converged_ha", "keepalived_vip", "munge_key_source", "slurm_partition_default"):
+        assert fine + " belongs" not in text
+
+
+def test_job_side_jinja_reaches_the_job_as_written(awx, tmp_path):
+    # a lookup meant to run inside the job: from the file, or marked !unsafe, it is stored as written
+    extra = tmp_path / "extra.yml"
+    extra.write_text("slurm_account_db: \"{{ lookup('ansible.builtin.env', 'SITE_DB') }}\"\nconverged_ha: true\n")
+    vars_file = tmp_path / "more.yml"
+    vars_file.write_text("converged_awx_extra_vars:\n  keepalived_vip: !unsafe \"{{ lookup('ansible.builtin.env', 'VIP') }}\"\n")
+    res, _recap, _writes = configure(awx, tmp_path, converged_awx_extra_vars_file=str(extra),
+                                     extra_args=["-e", "@" + str(vars_file)])
+    assert res.returncode == 0, res.stdout[-3000:]
+    stored = json.loads(awx.named("job_templates", "converged-hpc site")["extra_vars"])
+    assert stored == {"keepalived_vip": "{{ lookup('ansible.builtin.env', 'VIP') }}",
+                      "slurm_account_db": "{{ lookup('ansible.builtin.env', 'SITE_DB') }}", "converged_ha": True}
+
+
+def test_the_combined_credential_of_earlier_versions_is_removed(awx, tmp_path):
+    # what an earlier awx_configure.yml made: one type injecting every secret, empty ones included
+    old_type = awx.handle("POST", "/api/v2/credential_types/", {}, {
+        "name": "converged-hpc slurm secrets", "kind": "cloud", "inputs": {"fields": [
+            {"id": "munge_key", "type": "string", "secret": True}]},
+        "injectors": {"extra_vars": {"munge_key": "{{ munge_key }}"}}})[1]
+    awx.handle("POST", "/api/v2/credentials/", {}, {
+        "name": "converged-hpc slurm secrets", "organization": 1, "credential_type": old_type["id"],
+        "inputs": {"munge_key": MUNGE}})
+    res, _recap, _writes = configure(awx, tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert awx.named("credentials", "converged-hpc slurm secrets") is None
+    assert awx.named("credential_types", "converged-hpc slurm secrets") is None
+
+
+# ---- what a job sees of the Slurm secrets, as AWX injects the credentials awx_configure.yml made, run by
+# the real ansible-runner: for each combination of given and absent secrets
+VRRP = "vrrp-pw1"
+SEEN_PLAY = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - name: What the job sees, as hashes (no secret in any output)
+      ansible.builtin.debug:
+        msg: "SEEN {{ {'munge_key': munge_key | default('') | hash('sha256'),
+                        'munge_key_source': munge_key_source | default(''),
+                        'sssd_ldap_bind_password': sssd_ldap_bind_password | default('') | hash('sha256'),
+                        'keepalived_auth_pass': keepalived_auth_pass | default('') | hash('sha256')} | to_json }}"
+"""
+INVENTORY_VALUES = {"munge_key_source": "secret", "sssd_ldap_bind_password": "the-inventorys-bind-password",
+                    "keepalived_auth_pass": "inv-vrrp"}
+
+
+@pytest.fixture(scope="module")
+def secret_types(tmp_path_factory):
+    """The Slurm secrets' credential types as awx_configure.yml makes them, read back from the stand-in."""
+    from awx_api import AwxApi
+    api = AwxApi(AWX_TOKEN).start()
+    try:
+        res, _recap, _writes = configure(api, tmp_path_factory.mktemp("configure"), converged_awx_vrrp_password=VRRP)
+        assert res.returncode == 0, res.stdout[-3000:]
+        return {name: api.named("credential_types", "converged-hpc " + name)
+                for name in ("munge key", "LDAP bind password", "VRRP password")}
+    finally:
+        api.stop()
+
+
+def sha(text):
+    import hashlib
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.mark.parametrize("munge,ldap,vrrp", [(m, l, v) for m in (False, True) for l in (False, True)
+                                             for v in (False, True)])
+def test_a_job_sees_exactly_the_secrets_given(secret_types, tmp_path, munge, ldap, vrrp):
+    ansible_runner = pytest.importorskip("ansible_runner")
+    from awx_api import inject
+    pdd = tmp_path / "pdd"
+    (pdd / "env").mkdir(parents=True)
+    (pdd / "inventory").mkdir()
+    (pdd / "inventory" / "hosts").write_text(
+        "localhost ansible_connection=local ansible_python_interpreter=%s\n[all:vars]\n%s\n" % (
+            sys.executable, "\n".join("%s=%s" % kv for kv in INVENTORY_VALUES.items())))
+    (pdd / "project").mkdir()
+    (pdd / "project" / "seen.yml").write_text(SEEN_PLAY)
+    given = {"munge key": ("munge_key", MUNGE) if munge else None,
+             "LDAP bind password": ("ldap_bind_password", LDAP) if ldap else None,
+             "VRRP password": ("vrrp_password", VRRP) if vrrp else None}
+    files = [inject(secret_types[name], {field: value}, str(pdd / "env"))
+             for name, pair in given.items() if pair for field, value in [pair]]
+    run = ansible_runner.run(private_data_dir=str(pdd), playbook="seen.yml", quiet=True, timeout=120,
+                             cmdline=" ".join("-e @%s" % f for f in files),
+                             envvars={"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "ANSIBLE_NOCOLOR": "1"})
+    stdout = run.stdout.read()
+    assert run.rc == 0, stdout[-3000:]
+    line = next(line for line in stdout.splitlines() if '"msg": "SEEN ' in line)
+    seen = json.loads(json.loads("{%s}" % line.strip())["msg"][len("SEEN "):])
+    assert seen == {"munge_key": sha(MUNGE if munge else ""),
+                    "munge_key_source": "variable" if munge else INVENTORY_VALUES["munge_key_source"],
+                    "sssd_ldap_bind_password": sha(LDAP if ldap else INVENTORY_VALUES["sssd_ldap_bind_password"]),
+                    "keepalived_auth_pass": sha(VRRP if vrrp else INVENTORY_VALUES["keepalived_auth_pass"])}
+    output = stdout
+    for root, _dirs, names in os.walk(pdd / "artifacts"):
+        for name in names:
+            if name != "command":  # runner's record of its command line and environment, which AWX redacts
+                with open(os.path.join(root, name), errors="replace") as fh:
+                    output += fh.read()
+    for secret in (MUNGE, LDAP, VRRP):
+        assert secret not in output
