@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The converged.hpc lab: Debian 12 "bare-metal machines" as systemd containers.
+# The converged.hpc lab: Debian "bare-metal machines" as systemd containers (LAB_SUITE: trixie,
+# Debian 13 with Slurm 24.11, or bookworm, Debian 12 with Slurm 22.05).
 #
 #   lab/lab.sh deps              install what is missing: podman, runc, debootstrap (apt), requirements.txt (pip)
 #   lab/lab.sh image [FLAVOUR]   build the stock or prebaked machine image (cached)
@@ -24,7 +25,9 @@ cd "$REPO_DIR"
 source "$LAB_DIR/lab.conf"
 export CONTAINERS_CONF="$LAB_DIR/containers.conf"
 
-IMAGE_REPO="localhost/converged-hpc/debian12"
+# the images of each suite: localhost/converged-hpc/debian13 (trixie), .../debian12 (bookworm)
+suite_release() { case "$1" in trixie) echo 13 ;; bookworm) echo 12 ;; *) echo "" ;; esac; }
+IMAGE_REPO="localhost/converged-hpc/debian$(suite_release "$LAB_SUITE")"
 LABEL="converged.hpc.lab"
 NETWORK="${LAB_NAME}-net"
 SSH_USER="admin"
@@ -34,16 +37,21 @@ API_PORT="${LAB_API_PORT:-16443}"
 # munge, slurm_controller, slurm_compute, mpich, sssd, nfs_*, keepalived, mariadb,
 # slurmdbd, slurmrestd),
 # and the lab directory's slapd (lab/directory.yml).
-PREBAKED_PACKAGES="munge slurm-client slurmctld slurmd libpmix2 mpich libmpich-dev gcc libc6-dev
+PREBAKED_PACKAGES="munge slurm-client slurmctld slurmd mpich libmpich-dev gcc libc6-dev
  sssd-ldap libnss-sss libpam-sss ldap-utils keepalived nfs-common nfs-ganesha nfs-ganesha-vfs
  libnfs-utils slapd python3-ldap mariadb-server python3-pymysql slurmdbd slurmrestd slurm-wlm-jwt-plugin"
+# by suite: PMIx (renamed by Debian 13's 64-bit time_t transition), sackd (Slurm 23.11 and later)
+case "$LAB_SUITE" in
+  trixie) PREBAKED_PACKAGES="$PREBAKED_PACKAGES libpmix2t64 sackd" ;;
+  *) PREBAKED_PACKAGES="$PREBAKED_PACKAGES libpmix2" ;;
+esac
 BASE_PACKAGES="systemd,systemd-sysv,dbus,python3,python3-apt,iproute2,openssh-server,sudo,procps,ca-certificates,less"
 # cloud-init, as on a cloud or Metal3 image: it applies a Machine's bootstrap data at first boot
 # (lab/machines.py hands it over as a NoCloud seed); a machine without one boots without it.
 # (Installed with apt after debootstrap, which cannot resolve its virtual dependencies.)
 IMAGE_PACKAGES="cloud-init"
 # bump when the images' make-up changes: lab/lab.sh image rebuilds an image of another version
-IMAGE_VERSION=2
+IMAGE_VERSION=3
 
 T0=$(date +%s%N)
 # elapsed seconds since T0 (or since $1, a date +%s%N stamp), one decimal
@@ -79,6 +87,7 @@ with_heartbeat() {
 }
 
 validate_conf() {
+  [[ -n "$(suite_release "$LAB_SUITE")" ]] || die "LAB_SUITE='$LAB_SUITE' is not trixie or bookworm"
   [[ "$LAB_FLAVOUR" == stock || "$LAB_FLAVOUR" == prebaked ]] \
     || die "LAB_FLAVOUR='$LAB_FLAVOUR' is not stock or prebaked"
   [[ "$LAB_CONTROLLERS" =~ ^[0-9]+$ && "$LAB_CONTROLLERS" -le 9 ]] \
@@ -145,14 +154,15 @@ build_stock() {
   img=$(image_name stock)
   root="$STATE/rootfs"
   rm -rf "$root"; mkdir -p "$root"
-  say "debootstrap Debian 12 (bookworm) into $LAB_STATE/rootfs (about a minute)"
+  say "debootstrap Debian $(suite_release "$LAB_SUITE") ($LAB_SUITE) into $LAB_STATE/rootfs (about a minute)"
   with_heartbeat "debootstrap" debootstrap --variant=minbase --include="$BASE_PACKAGES" \
-    bookworm "$root" http://deb.debian.org/debian
+    "$LAB_SUITE" "$root" http://deb.debian.org/debian
   say "configuring the machine image (admin user, sudo, first-boot SSH host keys)"
-  cat >"$root/etc/apt/sources.list" <<'EOF'
-deb http://deb.debian.org/debian bookworm main
-deb http://deb.debian.org/debian bookworm-updates main
-deb http://deb.debian.org/debian-security bookworm-security main
+  rm -f "$root/etc/apt/sources.list.d/debian.sources"
+  cat >"$root/etc/apt/sources.list" <<EOF
+deb http://deb.debian.org/debian $LAB_SUITE main
+deb http://deb.debian.org/debian $LAB_SUITE-updates main
+deb http://deb.debian.org/debian-security $LAB_SUITE-security main
 EOF
   printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"; chmod 0755 "$root/usr/sbin/policy-rc.d"
   # shellcheck disable=SC2086
@@ -288,7 +298,7 @@ ensure_network() {
 
 # Machines are booted, checked and removed by lab/machines.py (also the simulator's
 # provisioner): start NAME IP TYPE, ready NAME IP.
-machines() { LAB_NAME="$LAB_NAME" LAB_FLAVOUR="$LAB_FLAVOUR" LAB_SUBNET_PREFIX="$LAB_SUBNET_PREFIX" \
+machines() { LAB_NAME="$LAB_NAME" LAB_SUITE="$LAB_SUITE" LAB_FLAVOUR="$LAB_FLAVOUR" LAB_SUBNET_PREFIX="$LAB_SUBNET_PREFIX" \
   LAB_STATE="$LAB_STATE" LAB_CPUS="$LAB_CPUS" LAB_RAM_MIB="$LAB_RAM_MIB" python3 "$LAB_DIR/machines.py" "$@"; }
 
 write_state() {
@@ -391,7 +401,7 @@ cmd_sim() {
     --munge-key-file "$dir/munge.key" --slurmdbd-password-file "$dir/slurmdbd.pw")
   cmd_sim_stop quiet
   # The simulator's CAPI controller boots and removes lab machines with lab/machines.py.
-  export LAB_NAME LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_LOGIN LAB_GPU LAB_HIGHMEM LAB_SUBNET_PREFIX LAB_CPUS LAB_RAM_MIB LAB_STATE \
+  export LAB_NAME LAB_SUITE LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_LOGIN LAB_GPU LAB_HIGHMEM LAB_SUBNET_PREFIX LAB_CPUS LAB_RAM_MIB LAB_STATE \
     LAB_MUNGE_KEY_SOURCE LAB_CLUSTERS LAB_HA \
     LAB_API_PORT="$API_PORT"
   PYTHONPATH="$LAB_DIR" nohup python3 -m capisim --bind 127.0.0.1 --port "$API_PORT" \

@@ -1,4 +1,5 @@
-"""The lab's "bare-metal machines": Debian 12 systemd containers under podman.
+"""The lab's "bare-metal machines": Debian systemd containers under podman (LAB_SUITE: trixie, Debian
+13 with Slurm 24.11, or bookworm, Debian 12 with Slurm 22.05).
 
 One place that boots, checks and removes them, used by lab/lab.sh (`up`) and by the
 simulator's Cluster API controller (its provisioner), so adding a machine goes one
@@ -24,7 +25,8 @@ import tarfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-IMAGE_REPO = "localhost/converged-hpc/debian12"
+# the images of each suite (lab/lab.sh builds them)
+IMAGE_REPOS = {"trixie": "localhost/converged-hpc/debian13", "bookworm": "localhost/converged-hpc/debian12"}
 LABEL = "converged.hpc.lab"
 SSH_USER = "admin"
 # Name prefixes and address ranges by node type (lab/lab.conf): controllers .11-.19,
@@ -49,13 +51,16 @@ class Lab:
         env = os.environ if env is None else env
         self.name = env.get("LAB_NAME", "clab")
         self.flavour = env.get("LAB_FLAVOUR", "prebaked")
+        self.suite = env.get("LAB_SUITE", "trixie")
+        if self.suite not in IMAGE_REPOS:
+            raise SystemExit("LAB_SUITE=%r is not one of %s" % (self.suite, ", ".join(sorted(IMAGE_REPOS))))
         self.subnet = env.get("LAB_SUBNET_PREFIX", "10.89.50")
         self.cpus = int(env.get("LAB_CPUS", "2"))
         self.ram_mib = int(env.get("LAB_RAM_MIB", "2000"))
         state = env.get("LAB_STATE", ".lab")
         self.state = state if os.path.isabs(state) else os.path.join(REPO, state)
         self.network = self.name + "-net"
-        self.image = "%s:%s" % (IMAGE_REPO, self.flavour)
+        self.image = "%s:%s" % (IMAGE_REPOS[self.suite], self.flavour)
         self.key = os.path.join(self.state, "ssh", "id_ed25519")
 
     # ------------------------------------------------------------------ helpers
@@ -95,9 +100,9 @@ class Lab:
         """Boot a machine, or reuse it when it runs the lab's current image. user_data (bytes): the
         bootstrap data cloud-init applies at the machine's first boot; a reused machine has had it."""
         if self.podman("container", "exists", name, check=False).returncode == 0:
-            flavour = self.inspect(name, '{{ index .Config.Labels "converged.hpc.flavour" }}')
-            if flavour != self.flavour:
-                self.say("%s runs the %s image, lab wants %s: replacing it" % (name, flavour, self.flavour))
+            image = self.inspect(name, "{{.ImageName}}")
+            if image != self.image:
+                self.say("%s runs %s, the lab wants %s: replacing it" % (name, image, self.image))
                 self.podman("rm", "-f", name)
             elif self.inspect(name, "{{.Image}}") != self._image_id():
                 self.say("%s runs an older build of %s: replacing it" % (name, self.image))

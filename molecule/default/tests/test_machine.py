@@ -1,4 +1,7 @@
-"""The lab machine image boots like a bare-metal Debian 12 host."""
+"""The lab machine image boots like a bare-metal Debian host: Debian 13 (trixie), or 12 (bookworm) with
+MOLECULE_DEBIAN=debian12."""
+
+import os
 
 testinfra_hosts = ["podman://molecule-default-01"]
 
@@ -9,9 +12,10 @@ def test_systemd_is_pid1_and_running(host):
     assert state == "running", host.run("systemctl --failed --no-legend").stdout
 
 
-def test_debian_12(host):
+def test_the_debian_release_of_the_image(host):
     assert host.system_info.distribution == "debian"
-    assert host.system_info.release.startswith("12")
+    want = {"debian13": "13", "debian12": "12"}[os.environ.get("MOLECULE_DEBIAN", "debian13")]
+    assert host.system_info.release.startswith(want)
 
 
 def test_sshd_listening_with_own_host_keys(host):
