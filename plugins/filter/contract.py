@@ -362,6 +362,44 @@ def _choose_slurmdbd(result, node_types, wanted):
     result["slurmdbd"] = hosts[0]["name"]
 
 
+def placeholders(node_types, hostvars=None, hosts=None, count=0, cpus=1024, memory_mib=4194304):
+    """Per nodeset, C(count) FUTURE nodes (slurm.conf NodeName settings) that stand for the machines its
+    MachineDeployment may bring: never scheduled, never shown by sinfo, they only let a partition take
+    jobs larger than the nodes it has now. Their GRES is the most of each GRES the node type or its
+    hosts (C(hosts), with C(converged_slurm_nodeset) and C(converged_slurm_gres)) declare."""
+    count = int(count or 0)
+    if count <= 0:
+        return []
+    out = []
+    for ns in nodesets(node_types or {}):
+        most = {}
+        declared = [_plain((node_types or {}).get(ns["node_type"])).get("gres")]
+        for name in hosts or ():
+            hv = (hostvars or {})[name]
+            if hv.get("converged_slurm_nodeset") == ns["name"]:
+                declared.append(hv.get("converged_slurm_gres"))
+        for value in declared:
+            if not value:
+                continue
+            try:
+                items = parse_gres(value)
+            except ValueError:
+                continue  # the contract names it and stops the run
+            for item in items:
+                key = (item["name"], item["type"])
+                most[key] = max(most.get(key, 0), item["count"])
+        for name, kind in list(most):
+            if not kind and any(n == name and k for n, k in most):
+                del most[(name, kind)]  # a typed GRES answers an untyped request too
+        gres = ",".join("%s%s:%d" % (name, ":" + kind if kind else "", most[(name, kind)])
+                        for name, kind in sorted(most))
+        out.append({"NodeName": "%s-future-[1-%d]" % (ns["name"], count) if count > 1 else "%s-future-1" % ns["name"],
+                    "State": "FUTURE", "Feature": ns["feature"], "Sockets": 1, "CoresPerSocket": int(cpus),
+                    "ThreadsPerCore": 1, "RealMemory": int(memory_mib),
+                    "Gres": gres})
+    return out
+
+
 def partitions_with_nodes(node_types, partitions):
     """converged_partitions, each with the nodesets the contract puts in it."""
     sets = nodesets(node_types or {})
@@ -372,5 +410,6 @@ def partitions_with_nodes(node_types, partitions):
 class FilterModule(object):
     def filters(self):
         return {"contract": contract, "contract_nodesets": nodesets,
-                "contract_partitions": partitions_with_nodes, "gres_parse": parse_gres,
+                "contract_partitions": partitions_with_nodes, "contract_placeholders": placeholders,
+                "gres_parse": parse_gres,
                 "gres_types": gres_types, "gres_conf": gres_conf}

@@ -18,8 +18,9 @@ description:
   - Pending jobs (C(squeue --array --states=PENDING)), one per array task, with what each needs - nodes,
     CPUs, memory per node, features, generic resources (GRES, as C(gpu:a100:2)) - and why it pends. Only a job pending for a reason more nodes could
     remove (C(runnable) in RV(jobs)) counts as demand - C(Resources), C(Priority), C(PartitionConfig) (a
-    partition whose nodeset is empty), C(PartitionNodeLimit), C(NodeDown), C(ReqNodeNotAvail) and
-    C(None) (not yet looked at by the scheduler). Held jobs, dependencies (also the ones of a job the
+    partition whose nodeset is empty), C(PartitionNodeLimit), C(NodeDown), C(ReqNodeNotAvail), the scheduler's text
+    C(Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions) (its
+    partition's nodes are not there yet) and C(None) (not yet looked at by the scheduler). Held jobs, dependencies (also the ones of a job the
     scheduler has not looked at yet), begin times, reservations and association or QOS limits never do.
   - Every node (C(scontrol show node --oneliner)) with its state, features, partitions and, for an idle
     node, for how long it has been idle (from Slurm's C(LastBusyTime), else C(SlurmdStartTime)).
@@ -81,8 +82,11 @@ from ansible_collections.converged.hpc.plugins.module_utils.slurm_text import (
     memory_mib, parse_node, slurm_time)
 
 # why a pending job waits, when more nodes would start it
+# squeue's %r is the scheduler's own text where it wrote one: "Nodes required for job are DOWN, DRAINED
+# [, REBOOTING] or reserved for jobs in higher priority partitions" (reason Resources) is what 24.11 says of
+# a job whose partition holds only nodes not there yet (placeholders) - compared up to its first comma
 RUNNABLE = frozenset(("Resources", "Priority", "PartitionConfig", "PartitionNodeLimit", "NodeDown",
-                      "ReqNodeNotAvail", "None"))
+                      "ReqNodeNotAvail", "Nodes required for job are DOWN", "None"))
 BUSY = frozenset(("ALLOCATED", "MIXED", "COMPLETING"))
 # flags that take a node out of service
 UNAVAILABLE = frozenset(("DRAIN", "DRAINING", "DRAINED", "NOT_RESPONDING", "FAIL", "MAINTENANCE", "REBOOT_REQUESTED",

@@ -12,6 +12,7 @@ from ansible_collections.converged.hpc.plugins.filter.contract import (
     nodesets,
     parse_gres,
     partitions_with_nodes,
+    placeholders,
 )
 
 NODE_TYPES = {
@@ -134,6 +135,27 @@ def test_nodesets_and_partitions_come_from_the_node_types():
     assert [(n["name"], n["feature"]) for n in nodesets(types)] == [("computeset", "compute"), ("gpuset", "gpu")]
     parts = partitions_with_nodes(types, PARTITIONS + [{"name": "gpu"}])
     assert [(p["name"], p["nodesets"]) for p in parts] == [("compute", ["computeset", "gpuset"]), ("gpu", ["gpuset"])]
+
+
+def test_placeholders_per_nodeset_carry_the_most_gres_its_node_type_and_hosts_declare():
+    types = dict(NODE_TYPES, gpu={"role": "compute", "nodeset": "gpuset", "partitions": ["gpu"], "gres": "gpu:1"})
+    hostvars = {"g1": {"converged_slurm_nodeset": "gpuset", "converged_slurm_gres": "gpu:a100:2,nvme:1"},
+                "g2": {"converged_slurm_nodeset": "gpuset", "converged_slurm_gres": "gpu:a100:4"},
+                "c1": {"converged_slurm_nodeset": "computeset", "converged_slurm_gres": ""},
+                "bad": {"converged_slurm_nodeset": "gpuset", "converged_slurm_gres": "gpu:a100:x"}}
+    out = placeholders(types, hostvars, ["g1", "g2", "c1", "bad"], count=4, cpus=64, memory_mib=1024)
+    assert out == [
+        {"NodeName": "computeset-future-[1-4]", "State": "FUTURE", "Feature": "compute", "Sockets": 1,
+         "CoresPerSocket": 64, "ThreadsPerCore": 1, "RealMemory": 1024, "Gres": ""},
+        {"NodeName": "gpuset-future-[1-4]", "State": "FUTURE", "Feature": "gpu", "Sockets": 1,
+         "CoresPerSocket": 64, "ThreadsPerCore": 1, "RealMemory": 1024, "Gres": "gpu:a100:4,nvme:1"}]
+    assert placeholders(types, hostvars, ["g1"], count="1")[1]["NodeName"] == "gpuset-future-1"
+    assert placeholders(types, {}, [], count=1)[1]["Gres"] == "gpu:1"
+
+
+@pytest.mark.parametrize("count", [0, "0", "", None])
+def test_no_placeholders_when_the_count_is_zero(count):
+    assert placeholders(NODE_TYPES, {}, [], count=count) == []
 
 
 # ------------------------------------------------------------------ accounting: where slurmdbd runs

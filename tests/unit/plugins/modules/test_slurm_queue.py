@@ -16,11 +16,14 @@ def test_pending_jobs_and_why():
             "16;compute;1;1;0;Dependency;N/A;afterok:14(unfulfilled);(null)\n"
             # just submitted: the scheduler has not looked at it, but it waits for job 14
             "17;compute;1;1;0;None;N/A;afterok:14(unfulfilled);(null)\n"
-            "18;compute;1;1;0;None;N/A;(null);(null)\n")
+            "18;compute;1;1;0;None;N/A;(null);(null)\n"
+            # 24.11: a partition of placeholder nodes only, as the scheduler words it
+            "19;compute;2;2;0;Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority "
+            "partitions;N/A;(null);(null)\n")
     jobs = parse_jobs(text)
     assert [(j["id"], j["nodes"], j["runnable"]) for j in jobs] == [
         ("12", 2, True), ("13_4", 1, True), ("14", 1, False), ("15", 1, True), ("16", 1, False), ("17", 1, False),
-        ("18", 1, True)]
+        ("18", 1, True), ("19", 2, True)]
     assert jobs[5]["reason"] == "Dependency"
     assert jobs[1]["partitions"] == ["compute", "gpu"] and jobs[1]["features"] == "gpu&a100|h100"
     assert jobs[1]["gres"] == ["gpu:a100:2"] and jobs[0]["gres"] == []
