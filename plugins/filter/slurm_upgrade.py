@@ -1,0 +1,179 @@
+# -*- coding: utf-8 -*-
+# Copyright: converged.hpc contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+name: slurm_upgrade_check
+short_description: Decide, before anything changes, whether a converge may start the Slurm it finds installed
+version_added: 0.6.0
+author: converged.hpc contributors (@converged-hpc)
+description:
+  - Takes what M(converged.hpc.slurm_versions) read on every Slurm host, with each host's roles
+    (C(controller), C(compute), C(login), C(slurmdbd)), and returns what a converge must refuse, each naming
+    the hosts, the two releases and the ways out. A converge starts (or restarts) each daemon on the version
+    installed on its host; it must never start one that cannot take over what runs now.
+  - The cluster's Slurm now is the release of every daemon that runs, and of the controllers' saved state.
+    A release takes over the state and the RPCs of the two releases before it, of the three from 24.05 (24.11
+    from 23.02, 23.11 and 24.05); a daemon whose installed release is further ahead of any of those is
+    refused (22.05 to 24.11 in place loses the queued jobs and the saved state). The ways out - step through
+    supported releases, or drain the queue and set O(allow_state_loss).
+  - The order of an upgrade - slurmdbd first, then slurmctld, then slurmd and the client commands. A slurmctld
+    newer than slurmdbd, a slurmd or client newer than the controllers, or one too old for them, is refused;
+    so are controllers of different releases.
+  - A slurmdbd about to restart into a newer release needs the accounting database backed up first
+    (C(playbooks/accounting_backup.yml)), no longer than O(backup_max_age) seconds before.
+options:
+  _input:
+    description: "A list of C({host, roles, versions}), versions being the module's result."
+    type: list
+    elements: dict
+    required: true
+  allow_state_loss:
+    description: Start a release that cannot take over the running one, once no job runs anywhere.
+    type: bool
+    default: false
+  backup_max_age:
+    description: Seconds an accounting dump stays recent enough for a slurmdbd upgrade.
+    type: int
+    default: 86400
+"""
+
+EXAMPLES = r"""
+check: "{{ hosts | converged.hpc.slurm_upgrade_check(allow_state_loss=false) }}"
+"""
+
+RETURN = r"""
+_value:
+  description: C(errors) (what to refuse, each one line), C(notes) (what was allowed and why), C(now) (the releases
+    that run, by host and daemon) and C(target) (what the converge would run).
+  type: dict
+"""
+
+from ansible_collections.converged.hpc.plugins.module_utils.slurm_release import (
+    RELEASES,
+    oldest_supported,
+    ordinal,
+    release_of,
+    steps,
+    takes_over,
+)
+
+# the daemon each role runs, and the program whose version the client commands are
+DAEMON_OF = {"controller": "slurmctld", "compute": "slurmd", "slurmdbd": "slurmdbd", "login": "client"}
+
+
+def _hosts(pairs):
+    return ", ".join(sorted("%s (%s)" % pair if pair[1] else pair[0] for pair in pairs))
+
+
+def slurm_upgrade_check(hosts, allow_state_loss=False, backup_max_age=86400):
+    errors, notes = [], []
+    now = []      # (release, host, what): the Slurm that runs, or the state that waits
+    target = []   # (release, host, daemon): what the converge would start
+    steps_running = 0
+    dbd_now, dbd_backup = {}, {}
+    for entry in hosts:
+        host, roles, v = entry["host"], entry.get("roles") or [], entry.get("versions") or {}
+        installed, running = v.get("installed") or {}, v.get("running") or {}
+        steps_running += int(v.get("job_steps") or 0)
+        for daemon, version in sorted(running.items()):
+            if version:
+                now.append((release_of(version), host, daemon))
+        state = (v.get("state") or {}).get("release")
+        if state:
+            now.append((state, host, "saved state"))
+        for role in roles:
+            daemon = DAEMON_OF.get(role)
+            version = installed.get(daemon)
+            if daemon and version:
+                target.append((release_of(version), host, "client commands" if daemon == "client" else daemon))
+        if "slurmdbd" in roles:
+            dbd_now[host] = release_of(running.get("slurmdbd")) if running.get("slurmdbd") else None
+            dbd_backup[host] = v.get("backup_age")
+
+    # 1. nothing starts that cannot take over what runs now: slurmctld every daemon that runs and the saved
+    # state, slurmdbd the slurmdbd and slurmctld that run, slurmd the job steps of the slurmd it replaces
+    def concerns(daemon, host, what, where):
+        if daemon == "slurmctld":
+            return True
+        if daemon == "slurmdbd":
+            return what in ("slurmdbd", "slurmctld")
+        return daemon == "slurmd" and what == "slurmd" and where == host
+
+    for rel, host, daemon in sorted(target, key=lambda t: (ordinal(t[0]), t[1])):
+        behind = [(r, h, d) for r, h, d in now if concerns(daemon, host, d, h)
+                  and ordinal(r) < ordinal(rel) and not takes_over(rel, r)]
+        if not behind:
+            continue
+        older = min((r for r, _h, _d in behind), key=ordinal)
+        where = _hosts((h, "%s %s" % (d, r)) for r, h, d in behind)
+        if allow_state_loss and steps_running == 0:
+            notes.append("%s %s on %s starts over Slurm %s (%s): allowed (allow_state_loss, no job running); "
+                         "the saved state and the queue are not carried over" % (daemon, rel, host, older, where))
+            continue
+        path = steps(older, rel)
+        errors.append(
+            "%s %s on %s cannot take over the Slurm %s that runs now (%s): Slurm %s reads state and RPCs from %s "
+            "and later only, so starting it would lose the queued jobs and the saved state%s. Nothing was changed. "
+            "Either step through supported releases (%s), or drain the queue (no job pending or running) and set "
+            "converged_slurm_allow_state_loss=true"
+            % (daemon, rel, host, older, where, rel, oldest_supported(rel),
+               " and the %d job step(s) running" % steps_running if steps_running else "",
+               " -> ".join([older] + path + [rel])))
+
+    # 2. the order: slurmdbd >= slurmctld >= slurmd and the clients, each within the reach of the one above
+    by = {}
+    for rel, host, daemon in target:
+        by.setdefault(daemon, []).append((rel, host))
+    ctlds = sorted(set(r for r, _h in by.get("slurmctld", [])), key=ordinal)
+    if len(ctlds) > 1:
+        errors.append("the controllers would run different Slurm releases (%s): they share one state, every "
+                      "controller must run the same release" % _hosts((h, "slurmctld %s" % r) for r, h in by["slurmctld"]))
+    ctld = ctlds[-1] if ctlds else None
+    for rel, host in by.get("slurmdbd", []):
+        if ctld and ordinal(ctld) > ordinal(rel):
+            errors.append("slurmctld %s would report to slurmdbd %s on %s: slurmdbd is upgraded first, then the "
+                          "controllers (after playbooks/accounting_backup.yml)" % (ctld, rel, host))
+    for daemon in ("slurmd", "client commands"):
+        for rel, host in by.get(daemon, []):
+            if not ctld:
+                continue
+            if ordinal(rel) > ordinal(ctld):
+                errors.append("%s %s on %s is newer than the controllers' slurmctld %s: the controllers are "
+                              "upgraded first, then slurmd and the client commands" % (daemon, rel, host, ctld))
+            elif not takes_over(ctld, rel):
+                errors.append("%s %s on %s is too old for the controllers' slurmctld %s, which talks to %s and "
+                              "later only: upgrade it first" % (daemon, rel, host, ctld, oldest_supported(ctld)))
+
+    # 3. a slurmdbd about to restart into a newer release: the database backed up first
+    for rel, host in by.get("slurmdbd", []):
+        was = dbd_now.get(host)
+        if was and ordinal(rel) > ordinal(was):
+            age = dbd_backup.get(host)
+            if age is None or age > backup_max_age:
+                errors.append(
+                    "slurmdbd on %s would restart from %s into %s, which converts the accounting database: back it "
+                    "up first with playbooks/accounting_backup.yml (%s)"
+                    % (host, was, rel, "no dump found" if age is None else "the newest dump is %d h old, more than "
+                       "%d h" % (age // 3600, backup_max_age // 3600)))
+    return dict(errors=errors, notes=notes,
+                now=sorted("%s %s %s" % (h, d, r) for r, h, d in now),
+                target=sorted("%s %s %s" % (h, d, r) for r, h, d in target))
+
+
+def slurm_releases_taken_by(version):
+    """The releases a slurmctld of version (or release) takes nodes of: itself and those within its reach."""
+    release = release_of(version)
+    if not release:
+        return []
+    return [r for r in RELEASES if ordinal(r) <= ordinal(release) and takes_over(release, r)] + \
+        ([release] if release not in RELEASES else [])
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"slurm_upgrade_check": slurm_upgrade_check, "slurm_releases_taken_by": slurm_releases_taken_by}
