@@ -26,6 +26,18 @@ class Lab:
     def on(self, machine, command, check=True):
         return self.sh("podman", "exec", machine, "bash", "-c", command, check=check)
 
+    def sssd_conf_mode(self, machine):
+        """The mode the sssd role gives sssd.conf there: 0640 on Debian 13 (SSSD 2.10's unit gives
+        /etc/sssd to its group), 0600 before."""
+        major = self.on(machine, ". /etc/os-release; echo $VERSION_ID").stdout.strip().split(".")[0]
+        return "640" if int(major) >= 13 else "600"
+
+    def slurm_release(self, machine):
+        """The Slurm release a machine has ("24.11" on Debian 13, "22.05" on Debian 12): its slurmd's or
+        slurmctld's, which print it without a configuration (the client commands do not, from 23.11)."""
+        out = self.on(machine, "if command -v slurmd >/dev/null; then slurmd -V; else slurmctld -V; fi").stdout
+        return ".".join(out.split()[-1].split(".")[:2])
+
     def up(self, converge=True):
         """A fresh lab: machines, the simulator, then (converge) site.yml and validate.yml, the main job."""
         self.sh("lab/lab.sh", "down")

@@ -326,7 +326,9 @@ def test_new_machines_join_slurm_at_first_boot_with_no_playbook_run(lab):
         # the Machine event's playbook finds nothing to converge; a converge of the new hosts changes
         # nothing but its own record of them
         res = LAB.playbook("scale_up.yml")
-        assert res.returncode == 0 and "new to Slurm: none" in res.stdout, res.stdout[-3000:]
+        assert res.returncode == 0 and "new to Slurm: none" in res.stdout, \
+            "\n".join(line for line in res.stdout.splitlines() if "new to Slurm" in line) + res.stdout[-3000:] + \
+            on(CTL, "sinfo --noheader --Node --format '%N %t'").stdout
         res = LAB.playbook("site.yml", limit=",".join(sorted(new)))
         assert res.returncode == 0, res.stdout[-3000:]
         for name in new:

@@ -644,6 +644,12 @@ def test_a_reconcile_after_a_takeover_registers_each_idle_node_again_and_leaves_
         found = re.search(r"MemSpecLimit=(\d+)", on(CTL, "scontrol show node --oneliner %s" % node).stdout)
         return found.group(1) if found else None
 
+    if LAB.slurm_release(CTL) != "22.05":
+        # later releases keep it: nothing for a reconcile to repair
+        assert mem_spec() == "256"
+        res = LAB.playbook("reconcile.yml")
+        assert res.returncode == 0 and "reconcile: nothing to do" in res.stdout, res.stdout[-3000:]
+        return
     assert mem_spec() is None
     lost = "%s: its record has MemSpecLimit 0, it declares 256" % node
     # busy: named, its record and its job left as they are, the run green

@@ -78,7 +78,8 @@ def test_directory_users_resolve_on_every_node(lab):
         assert on(node, "getent passwd alice").stdout.strip() == "alice:*:5001:5000:Alice Lab:/home/alice:/bin/bash"
         assert on(node, "id bob").stdout.strip() == "uid=5002(bob) gid=5000(hpcusers) groups=5000(hpcusers)"
         assert on(node, "getent group hpcusers").stdout.strip() == "hpcusers:*:5000:alice,bob"
-        assert on(node, "stat -c '%a %U:%G' /etc/sssd/sssd.conf").stdout.strip() == "600 root:root"
+        assert on(node, "stat -c '%a %U:%G' /etc/sssd/sssd.conf").stdout.strip() == \
+            "%s root:root" % LAB.sssd_conf_mode(node)
         conf = on(node, "cat /etc/sssd/sssd.conf").stdout
         assert "ldap_uri = ldaps://slab-dir" in conf and "ldap_tls_reqcert = demand" in conf
         assert on(node, "systemctl is-active sssd").stdout.strip() == "active"
@@ -247,14 +248,33 @@ def sacct(job):
     return out.stdout.strip()
 
 
+# the REST API of each Slurm release the lab runs, and how it refuses a wrong token: slurmctld refuses
+# it, slurmrestd answers 500 (22.05) or 511 "Protocol authentication error" (24.11) with no data
+REST_API = {"22.05": ("v0.0.38", 500), "24.11": ("v0.0.42", 511)}
+
+
+def rest_api():
+    return REST_API[LAB.slurm_release(CTL)]
+
+
+def submit_body(api, name, script):
+    """A job submission as the API version takes it (v0.0.38: the script beside the job, the environment a
+    mapping; from v0.0.40: inside the job, a list)."""
+    if api == "v0.0.38":
+        return {"job": {"name": name, "nodes": 1, "current_working_directory": "/tmp",
+                        "environment": {"PATH": "/bin:/usr/bin"}}, "script": script}
+    return {"job": {"name": name, "nodes": "1", "current_working_directory": "/tmp",
+                    "environment": ["PATH=/bin:/usr/bin"], "script": script}}
+
+
 def test_a_job_submitted_over_rest_runs_as_alice_and_is_accounted(lab):
+    api, _refused = rest_api()
     tok = token("alice")
-    ping = rest("/slurm/v0.0.38/ping", "alice", tok)
-    assert ping["status"] == 200 and ping["json"]["pings"][0]["ping"] == "UP", ping
-    sub = rest("/slurm/v0.0.38/job/submit", "alice", tok,
-               {"job": {"name": "rest-alice", "nodes": 1, "current_working_directory": "/tmp",
-                        "environment": {"PATH": "/bin:/usr/bin"}},
-                "script": "#!/bin/bash\nid -un\n"})
+    ping = rest("/slurm/%s/ping" % api, "alice", tok)
+    # v0.0.38 (22.05) names it "ping", v0.0.40 and later "pinged"
+    first = ping["json"]["pings"][0] if ping["status"] == 200 else {}
+    assert first.get("pinged", first.get("ping")) == "UP", ping
+    sub = rest("/slurm/%s/job/submit" % api, "alice", tok, submit_body(api, "rest-alice", "#!/bin/bash\nid -un\n"))
     assert sub["status"] == 200 and sub["json"]["errors"] == [], sub
     job = sub["json"]["job_id"]
     deadline = time.time() + 120
@@ -263,21 +283,22 @@ def test_a_job_submitted_over_rest_runs_as_alice_and_is_accounted(lab):
         time.sleep(1)
     # the accounting side of the API sees it too (its "user" is the association's: alice has none
     # in accounting, no AccountingStorageEnforce; sacct above names her from the job's uid)
-    rec = rest("/slurmdb/v0.0.38/job/%s" % job, "alice", tok)
-    assert rec["status"] == 200 and [(j["job_id"], j["state"]["current"]) for j in rec["json"]["jobs"]] \
-        == [(job, "COMPLETED")], rec
+    rec = rest("/slurmdb/%s/job/%s" % (api, job), "alice", tok)
+    states = [(j["job_id"], j["state"]["current"]) for j in rec["json"]["jobs"]]
+    assert rec["status"] == 200 and states in ([(job, "COMPLETED")], [(job, ["COMPLETED"])]), rec
 
 
 def test_a_wrong_token_and_no_token_are_refused(lab):
+    api, refused = rest_api()
     good = token("alice")
     forged = good[:-6] + ("AAAAAA" if not good.endswith("AAAAAA") else "BBBBBB")  # alice's token, signature broken
     for tok in (forged, "eyJhbGciOiJIUzI1NiJ9.e30.x"):
-        answer = rest("/slurm/v0.0.38/jobs", "alice", tok)
-        # 22.05: slurmctld refuses the token, slurmrestd answers 500 with the error and no data
-        assert answer["status"] == 500 and answer["json"]["errors"] and not answer["json"].get("jobs"), answer
-    assert rest("/slurm/v0.0.38/jobs", "alice", None)["status"] == 401
+        answer = rest("/slurm/%s/jobs" % api, "alice", tok)
+        # slurmctld refuses the token: slurmrestd answers with the error and no data
+        assert answer["status"] == refused and answer["json"]["errors"] and not answer["json"].get("jobs"), answer
+    assert rest("/slurm/%s/jobs" % api, "alice", None)["status"] == 401
     # a token for bob does not act as alice
-    assert rest("/slurm/v0.0.38/jobs", "alice", token("bob"))["status"] == 500
+    assert rest("/slurm/%s/jobs" % api, "alice", token("bob"))["status"] == refused
     assert "auth_p_verify" in on(CTL, "tail -n 50 /var/log/slurm/slurmctld.log").stdout
 
 

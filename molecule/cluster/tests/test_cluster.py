@@ -24,10 +24,20 @@ def test_role_daemons(host):
         conf = host.file("/etc/slurm/slurm.conf")
         assert conf.mode == 0o644 and conf.user == "root"
         text = conf.content_string
-        for line in ("SelectType=select/cons_tres", "SlurmctldParameters=enable_configless", "TreeWidth=65533",
+        for line in ("SelectType=select/cons_tres", "SlurmctldParameters=enable_configless",
                      "NodeSet=computeset Feature=compute", "ClusterName=molecule"):
             assert line in text
-        assert "NodeName=" not in text  # dynamic nodes only
+        version = host.check_output("slurmctld -V").split()[-1]
+        # dynamic nodes need TreeWidth=65533 before 23.11 only
+        assert ("TreeWidth=65533" in text) == version.startswith("22.05")
+        # dynamic nodes only; on 24.11.0-24.11.5 placeholders that never run anything
+        nodes = [line for line in text.splitlines() if line.startswith("NodeName=")]
+        if version.startswith("24.11.") and int(version.split(".")[2]) < 6:
+            assert nodes == ["NodeName=computeset-future-[1-32] State=FUTURE Feature=compute Sockets=1 "
+                             "CoresPerSocket=1024 ThreadsPerCore=1 RealMemory=4194304"]
+            assert "MaxNodeCount=1056" in text
+        else:
+            assert nodes == []
         assert host.file("/etc/slurm/cgroup.conf").exists
         assert host.socket("tcp://0.0.0.0:6817").is_listening
     else:
@@ -129,9 +139,12 @@ def test_a_finished_job_is_in_accounting_and_in_the_rest_api(host):
         host.run("sleep 1")
     assert record.split("\n")[0] == "%s|COMPLETED|0:0" % job
     token = host.check_output("scontrol token username=root lifespan=60").split("=", 1)[1]
+    # the REST API of the release the scenario runs (22.05: v0.0.38, a state; 24.11: v0.0.42, a list of states)
+    release = ".".join(host.check_output("sinfo -V").split()[-1].split(".")[:2])
+    api, state = {"22.05": ("v0.0.38", '"COMPLETED"'), "24.11": ("v0.0.42", '["COMPLETED"]')}[release]
     probe = ("python3 -c 'import json,sys,urllib.request as u;"
-             "r=u.urlopen(u.Request(\"http://127.0.0.1:6820/slurmdb/v0.0.38/job/%s\","
+             "r=u.urlopen(u.Request(\"http://127.0.0.1:6820/slurmdb/%s/job/%s\","
              "headers={\"X-SLURM-USER-NAME\":\"root\",\"X-SLURM-USER-TOKEN\":sys.argv[1]}));"
              "print(json.dumps([(j[\"job_id\"], j[\"state\"][\"current\"]) for j in json.load(r)[\"jobs\"]]))' %s")
-    answer = host.check_output(probe % (job, token))
-    assert answer == '[[%s, "COMPLETED"]]' % job
+    answer = host.check_output(probe % (api, job, token))
+    assert answer == "[[%s, %s]]" % (job, state)
