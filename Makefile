@@ -17,7 +17,7 @@ export KUBEBUILDER_ASSETS := $(KUBE_ASSETS)
 endif
 endif
 
-.PHONY: help deps dev-collection kube-assets lab lab-scale lab-down lab-ping lab-status images unit lint sanity molecule e2e e2e-elastic e2e-autoscale e2e-others test build ee
+.PHONY: help deps dev-collection kube-assets lab lab-scale lab-down lab-ping lab-status images unit lint sanity molecule molecule-22.05 e2e e2e-releases e2e-elastic e2e-autoscale e2e-others test build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -65,9 +65,12 @@ dev-collection:
 	@mkdir -p $(dir $(COLLECTION_LINK))
 	@test "$$(readlink $(COLLECTION_LINK) || true)" = "$(CURDIR)" || ln -sfn $(CURDIR) $(COLLECTION_LINK)
 
+## make images     the lab images: Debian 13 (Slurm 24.11, the default) and Debian 12 (Slurm 22.05)
 images:
 	lab/lab.sh image stock
 	lab/lab.sh image prebaked
+	LAB_SUITE=bookworm lab/lab.sh image stock
+	LAB_SUITE=bookworm lab/lab.sh image prebaked
 
 ## make kube-assets  kube-apiserver (from ../shared/k8s/bin, its sum checked) and etcd in .lab/kube-assets
 kube-assets:
@@ -86,21 +89,30 @@ lint: dev-collection
 	ansible-lint --profile production
 	tests/sanity.sh
 
-## make molecule   the molecule scenarios (SCENARIOS="default cluster ha")
+## make molecule   the molecule scenarios (SCENARIOS="default cluster ha"), one at a time (a lock in .lab)
 molecule: dev-collection images
 	@mkdir -p .lab/logs
 	for s in $(SCENARIOS); do \
-	  molecule test -s $$s 2>&1 | tee .lab/logs/molecule-$$s.log; \
+	  flock .lab/molecule.lock molecule test -s $$s 2>&1 | tee .lab/logs/molecule-$$s.log; \
 	  test $${PIPESTATUS[0]} -eq 0 || exit 1; \
 	  $(PYTHON) tests/check_secrets.py molecule/$$s/molecule.yml .lab/logs/molecule-$$s.log || exit 1; \
 	done
+
+## make molecule-22.05  the cluster scenario on Debian 12 (Slurm 22.05), the older release the
+##                 collection supports (the other scenarios and the labs run Debian 13, Slurm 24.11)
+molecule-22.05: dev-collection images
+	@mkdir -p .lab/logs
+	MOLECULE_DEBIAN=debian12 flock .lab/molecule.lock molecule test -s cluster 2>&1 | tee .lab/logs/molecule-cluster-22.05.log; \
+	  test $${PIPESTATUS[0]} -eq 0
+	$(PYTHON) tests/check_secrets.py molecule/cluster/molecule.yml .lab/logs/molecule-cluster-22.05.log
 
 ## make e2e        end-to-end lab tests in labs of their own: the elastic lab (the longest) and
 ##                 the autoscale lab run beside the others; their output is printed at the end
 comma := ,
 E2E_ELASTIC := tests/e2e/test_elastic.py
 E2E_AUTOSCALE := tests/e2e/test_autoscale.py
-E2E_OTHERS := $(filter-out $(E2E_ELASTIC) $(E2E_AUTOSCALE),$(sort $(wildcard tests/e2e/test_*.py)))
+E2E_RELEASES := tests/e2e/test_releases.py
+E2E_OTHERS := $(filter-out $(E2E_ELASTIC) $(E2E_AUTOSCALE) $(E2E_RELEASES),$(sort $(wildcard tests/e2e/test_*.py)))
 E2E_RUN := $(PYTHON) -m pytest -q --durations=8
 # $(call beside,WHO,OTHERS,AFTER): the elastic lab in the background, and the autoscale lab followed
 # by the command AFTER (if any) in the background (their output in .lab/logs/e2e-elastic.log,
@@ -120,7 +132,7 @@ beside = set +e; \
 
 e2e: dev-collection images
 	@mkdir -p .lab/logs
-	@$(call beside,e2e,$(MAKE) -s e2e-others)
+	@$(call beside,e2e,$(MAKE) -s e2e-others,$(MAKE) -s e2e-releases)
 
 e2e-elastic: dev-collection images
 	$(E2E_RUN) $(E2E_ELASTIC)
@@ -131,14 +143,19 @@ e2e-autoscale: dev-collection images
 e2e-others: dev-collection images
 	$(E2E_RUN) $(E2E_OTHERS)
 
+## make e2e-releases  Slurm 22.05 (Debian 12) in a lab of its own, and an upgrade refused
+e2e-releases: dev-collection images
+	$(E2E_RUN) $(E2E_RELEASES)
+
 ## make test       everything CI runs (installs what is missing first): the lab images, then three
-##                 streams at once: the elastic lab (the longest); the autoscale lab, then pytest, lint
-##                 and sanity; the molecule scenarios, then the other labs (the first two streams'
-##                 output is printed at the end, and kept in .lab/logs/)
+##                 streams at once: the elastic lab; the autoscale lab, then pytest, lint and sanity,
+##                 then the Slurm 22.05 lab and the cluster scenario on 22.05; the molecule scenarios,
+##                 then the other labs (the first two streams' output is printed at the end, and kept
+##                 in .lab/logs/)
 test: deps
 	$(MAKE) images dev-collection
 	@mkdir -p .lab/logs
-	@$(call beside,test,$(MAKE) molecule e2e-others,$(MAKE) unit lint)
+	@$(call beside,test,$(MAKE) molecule e2e-others,$(MAKE) unit lint e2e-releases molecule-22.05)
 
 ## make build      build the collection tarball
 build:
