@@ -98,10 +98,10 @@ def test_a_supported_upgrade_goes_in_its_order():
     none = [dict(dbd_first[0], versions=versions({"slurmdbd": "24.11.5"}, {"slurmdbd": "23.11.10"}))] + dbd_first[1:]
     assert "no dump found" in slurm_upgrade_check(none)["errors"][0]
     # the controllers before slurmdbd: refused
-    ctld_first = [{"host": "db", "roles": ["slurmdbd"], "versions": versions({"slurmdbd": "23.11.10"},
-                                                                             {"slurmdbd": "23.11.10"})},
-                  {"host": "ctl", "roles": ["controller"], "versions": versions({"slurmctld": "24.11.5"},
-                                                                               {"slurmctld": "23.11.10"})}]
+    db = versions({"slurmdbd": "23.11.10"}, {"slurmdbd": "23.11.10"})
+    ctl = versions({"slurmctld": "24.11.5"}, {"slurmctld": "23.11.10"})
+    ctld_first = [{"host": "db", "roles": ["slurmdbd"], "versions": db},
+                  {"host": "ctl", "roles": ["controller"], "versions": ctl}]
     (error,) = slurm_upgrade_check(ctld_first)["errors"]
     assert error.startswith("slurmctld 24.11 would report to slurmdbd 23.11 on db: slurmdbd is upgraded first")
 
