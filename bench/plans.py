@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark: the collection's pure parts at fleet sizes, with no machine - what a run computes on the
 control node before and beside its SSH round trips, for N compute hosts:
 
@@ -44,7 +43,7 @@ PARTITIONS = [{"name": "compute", "default": True}]
 
 def best(fn, runs=3):
     times = []
-    for _ in range(runs):
+    for dummy in range(runs):
         gc.collect()
         t0 = time.perf_counter()
         fn()
@@ -143,14 +142,14 @@ def measure(n):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--sizes", default="1000,10000")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     results = {n: measure(n) for n in sizes}
     parts = list(results[sizes[0]])
     print("| part | " + " | ".join("N = %s: s (us per host)" % format(n, ",") for n in sizes) + " | growth |")
-    print("| --- | " + " | ".join("---:" for _ in sizes) + " | ---: |")
+    print("| --- | " + " | ".join("---:" for dummy in sizes) + " | ---: |")
     for part in parts:
         cells = ["%.3f (%.1f)" % (results[n][part], results[n][part] / n * 1e6) for n in sizes]
         growth = ""
