@@ -1,9 +1,22 @@
 """A lab of its own for an end-to-end test module: settings, commands, up and down."""
 
 import os
+import re
 import subprocess
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def wait_for(what, cond, timeout, poll=1.0):
+    """cond()'s first true value, polled every poll seconds; fails naming what after timeout seconds."""
+    deadline = time.time() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        assert time.time() < deadline, "gave up waiting for " + what
+        time.sleep(poll)
 
 
 class Lab:
@@ -31,6 +44,11 @@ class Lab:
         /etc/sssd to its group), 0600 before."""
         major = self.on(machine, ". /etc/os-release; echo $VERSION_ID").stdout.strip().split(".")[0]
         return "640" if int(major) >= 13 else "600"
+
+    def job_state(self, machine, job):
+        """A job's JobState as scontrol on machine shows it, or None when Slurm no longer knows it."""
+        found = re.search(r"JobState=(\S+)", self.on(machine, "scontrol show job %s" % job, check=False).stdout)
+        return found.group(1) if found else None
 
     def slurm_release(self, machine):
         """The Slurm release a machine has ("24.11" on Debian 13, "22.05" on Debian 12): its slurmd's or

@@ -23,7 +23,7 @@ import time
 import pytest
 from kubernetes import client, config
 
-from labkit import REPO, Lab, has_podman
+from labkit import REPO, Lab, has_podman, wait_for
 
 # the lab default munge key source (secret) runs in make lab; this lab generates its key
 # accounting on a machine of its own (elab-db-01): it outlives either controller
@@ -210,20 +210,8 @@ def record(what, seconds):
         out.write("%s\t%.1f\n" % (what, seconds))
 
 
-def wait_for(what, cond, timeout, poll=1.0):
-    deadline = time.time() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.time() < deadline, "gave up waiting for " + what
-        time.sleep(poll)
-
-
 def job_state(job):
-    out = on(CTL, "scontrol show job %s" % job, check=False).stdout
-    found = re.search(r"JobState=(\S+)", out)
-    return found.group(1) if found else None
+    return LAB.job_state(CTL, job)
 
 
 def job_record(job):

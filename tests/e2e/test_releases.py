@@ -8,12 +8,11 @@ new controller's slurmctld is not started."""
 
 import os
 import re
-import time
 
 import pytest
 from kubernetes import client, config
 
-from labkit import Lab, has_podman
+from labkit import Lab, has_podman, wait_for
 
 LAB = Lab("rlab", "10.89.92", 16492, ".lab/e2e-releases", LAB_SUITE="bookworm", LAB_COMPUTE="1",
           LAB_DIRECTORY="0")
@@ -34,19 +33,8 @@ def lab():
     LAB.down()
 
 
-def wait_for(what, cond, timeout, poll=1.0):
-    deadline = time.time() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.time() < deadline, "gave up waiting for " + what
-        time.sleep(poll)
-
-
 def job_state(job):
-    found = re.search(r"JobState=(\S+)", on(CTL, "scontrol show job %s" % job, check=False).stdout)
-    return found.group(1) if found else None
+    return LAB.job_state(CTL, job)
 
 
 def slurm_nodes():
