@@ -63,8 +63,9 @@ class Fleet:
 
     def record(self, key, seconds, hosts, note=""):
         self.rows[key] = (seconds, hosts)
-        print("  %-22s %8.1f s  %6.2f s/host over %3d host(s)%s" % (key, seconds, seconds / max(hosts, 1), hosts,
-                                                                   "  " + note if note else ""), flush=True)
+        suffix = "  " + note if note else ""
+        print("  %-22s %8.1f s  %6.2f s/host over %3d host(s)%s"
+              % (key, seconds, seconds / max(hosts, 1), hosts, suffix), flush=True)
 
     @contextlib.contextmanager
     def ssh_counted(self):
@@ -140,9 +141,9 @@ class Fleet:
         self.lab.up(converge=False)
         print("  machines booted and the simulator up in %.1f s" % (time.time() - t0), flush=True)
 
-        took, _ = self.timed("first converge", "site.yml")
+        took = self.timed("first converge", "site.yml")[0]
         self.record("first converge", took, hosts)
-        took, _ = self.timed("validate", "validate.yml")
+        took = self.timed("validate", "validate.yml")[0]
         self.record("validate", took, hosts)
         with self.ssh_counted() as reached:
             took, out = self.timed("second converge", "site.yml", expect="nothing to do")
@@ -181,7 +182,7 @@ class Fleet:
             self.lab.on(name, "systemctl kill --signal=KILL slurmd.service")
         wait_for("Slurm to mark %s not responding" % ", ".join(victims),
                  lambda: all(self.nodes().get(v, "").endswith("*") for v in victims), 240, poll=2)
-        took, _ = self.timed("reconcile (25 % dead)", "reconcile.yml")
+        took = self.timed("reconcile (25 % dead)", "reconcile.yml")[0]
         wait_for("every node IDLE after the reconcile", lambda: self.all_idle(self.machines()), 60)
         self.record("reconcile, 25% dead", took, len(victims), "slurmd killed on %d" % len(victims))
 
