@@ -8,14 +8,15 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def wait_for(what, cond, timeout, poll=1.0):
-    """cond()'s first true value, polled every poll seconds; fails naming what after timeout seconds."""
+def wait_for(what, cond, timeout, poll=1.0, explain=None):
+    """cond()'s first true value, polled every poll seconds; fails naming what after timeout seconds, with
+    what explain() returns (the state that tells why) when given."""
     deadline = time.time() + timeout
     while True:
         value = cond()
         if value:
             return value
-        assert time.time() < deadline, "gave up waiting for " + what
+        assert time.time() < deadline, "gave up waiting for %s%s" % (what, "\n" + explain() if explain else "")
         time.sleep(poll)
 
 

@@ -19,7 +19,7 @@ import time
 import pytest
 from kubernetes import client, config
 
-from labkit import Lab, has_podman
+from labkit import Lab, has_podman, wait_for
 
 # LAB_RAM_MIB: the BareMetalHosts report more memory than the machines show, as real ones do (Metal3's
 # figure is the memory installed), so a node that joined at boot declares what a converge would
@@ -84,15 +84,8 @@ def events_log():
 
 
 def wait(what, predicate, timeout, poll=2):
-    deadline = time.time() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.time() > deadline:
-            raise AssertionError("%s: not after %d s\nSlurm: %s\nevents log:\n%s"
-                                 % (what, timeout, slurm_nodes(), events_log()[-4000:]))
-        time.sleep(poll)
+    return wait_for(what, predicate, timeout, poll,
+                    explain=lambda: "Slurm: %s\nevents log:\n%s" % (slurm_nodes(), events_log()[-4000:]))
 
 
 def test_an_empty_pool_grows_runs_every_job_and_shrinks_back_to_zero(lab):
