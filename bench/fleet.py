@@ -20,7 +20,11 @@ prebaked image, no directory machine), from a fresh lab:
 Each is printed as time and time per host, then fitted over the sizes (t = a + b*N, and whether a
 quadratic term matters): constant, linear or worse.
 
-    python3 bench/fleet.py [--sizes 1,4,16,48] [--job-seconds 30]
+    python3 bench/fleet.py [--sizes 1,4,16,48] [--job-seconds 30] [--baseline REF]
+
+--baseline REF also runs reconcile.yml with nothing to do from the collection as it was at the git
+commit REF (extracted into .lab/fleet-baseline), on the same lab right after the current one: a
+before/after of a change in the same run.
 
 The lab is named fbench (10.89.95.0/24, API port 16495, state .lab/fleet) and is removed at the end.
 """
@@ -30,6 +34,8 @@ import contextlib
 import math
 import os
 import re
+import shutil
+import subprocess
 import sys
 import time
 
@@ -45,8 +51,9 @@ EMPTY_PLAY = ("- name: An empty play\n  hosts: all\n  gather_facts: false\n  tas
 
 
 class Fleet:
-    def __init__(self, size):
+    def __init__(self, size, baseline=None):
         self.size = size
+        self.baseline = baseline
         self.lab = Lab(CLUSTER, "10.89.95", 16495, ".lab/fleet", LAB_COMPUTE=str(size), LAB_DIRECTORY="0")
         self.rows = {}
 
@@ -176,6 +183,9 @@ class Fleet:
         with self.ssh_counted() as reached:
             took, out = self.timed("reconcile (nothing to do)", "reconcile.yml", expect="reconcile: nothing to do")
         self.record("reconcile, nothing", took, hosts, "SSH sessions: %s" % reached())
+        if self.baseline:
+            took = self.baseline_reconcile()
+            self.record("reconcile, nothing (%s)" % self.baseline[0], took, hosts, "before the change")
 
         victims = sorted(self.machines())[:quarter]
         for name in victims:
@@ -242,6 +252,19 @@ class Fleet:
                     "%d job(s) COMPLETED 0:0; %.1f s after the last job ended" % (len(jobs), after))
         return self.rows
 
+    def baseline_reconcile(self):
+        """reconcile.yml with nothing to do, from the baseline commit's collection (its plugins too)."""
+        ref, tree = self.baseline
+        t0 = time.time()
+        res = self.lab.sh("env", "ANSIBLE_COLLECTIONS_PATH=" + tree, "ansible-playbook", "-i",
+                          os.path.join(self.lab.state, "capi.capi_machines.yml"),
+                          os.path.join(tree, "ansible_collections", "converged", "hpc", "playbooks", "reconcile.yml"),
+                          check=False)
+        took = time.time() - t0
+        if res.returncode != 0 or "reconcile: nothing to do" not in res.stdout:
+            sys.exit("reconcile from %s (N=%d) failed:\n%s" % (ref, self.size, res.stdout[-4000:]))
+        return took
+
     def events_log(self):
         try:
             with open(os.path.join(self.lab.state, "logs", "events.log"), errors="replace") as log:
@@ -275,11 +298,22 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1,4,16,48")
     ap.add_argument("--job-seconds", type=int, default=30, help="how long the scale-down's jobs run")
+    ap.add_argument("--baseline", metavar="REF", help="a git commit whose reconcile.yml is measured too")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    baseline = None
+    if args.baseline:
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        tree = os.path.join(repo, ".lab", "fleet-baseline")
+        dest = os.path.join(tree, "ansible_collections", "converged", "hpc")
+        shutil.rmtree(tree, ignore_errors=True)
+        os.makedirs(dest)
+        archive = subprocess.run(["git", "-C", repo, "archive", args.baseline], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", dest], input=archive.stdout, check=True)
+        baseline = (args.baseline, tree)
     table = {}
     for size in sizes:
-        fleet = Fleet(size)
+        fleet = Fleet(size, baseline)
         try:
             table[size] = fleet.run(args.job_seconds)
         finally:
