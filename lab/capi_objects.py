@@ -14,6 +14,13 @@ With --pools highmem,... those node types' machines are in a MachinePool (<clust
 its Machines labelled cluster.x-k8s.io/pool-name and owned by it) instead of a
 MachineDeployment, as with a provider that supports MachinePool Machines.
 
+With --bare-metal N the compute and GPU machines come from a pool of N BareMetalHosts, as with a
+real Metal3: the hosts are registered (available, with their hardware; <cluster>-bm-NN at
+<subnet>.101...), the first --bare-metal-gpu of them labelled gpu=true; the compute and gpu
+MachineDeployments name a Metal3MachineTemplate whose hostSelector takes hosts without, or with, that
+label, and start with --replicas compute=N,gpu=N and no Machine: the simulator's controller claims
+hosts for them and boots them (lab/capisim/metal3.py, lab/machines.py machine-boot).
+
 With --clusters N > 1 the machines are dealt in turn into N Cluster API clusters
 named <cluster>-1 ... <cluster>-N (the first controller to the first cluster, the
 second to the second...), each with its own MachineDeployments.
@@ -49,18 +56,55 @@ def mac(name):
     return "02:" + ":".join(digest[i:i + 2] for i in range(0, 10, 2))
 
 
+# node types whose machines come from the bare-metal pool (--bare-metal), and what their templates select
+BARE_METAL_SELECTORS = {
+    "compute": {"matchExpressions": [{"key": "gpu", "operator": "NotIn", "values": ["true"]}]},
+    "gpu": {"matchLabels": {"gpu": "true"}},
+}
+
+
+def bare_metal_objects(cluster, count, gpu, subnet, cpus, ram_mib):
+    """The pool: registered, inspected, available hosts, and a Metal3MachineTemplate per node type."""
+    docs = []
+    for index in range(1, count + 1):
+        name = "%s-bm-%02d" % (cluster, index)
+        address = "%s.%d" % (subnet, 100 + index)
+        labels = {"gpu": "true"} if index <= gpu else {}
+        docs.append({
+            "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+            "metadata": {"name": name, "namespace": NS, "labels": labels},
+            "spec": {"online": False, "bootMACAddress": mac(name), "automatedCleaningMode": "metadata"},
+            "status": {"provisioning": {"state": "available", "ID": name}, "operationalStatus": "OK",
+                       "poweredOn": False, "errorCount": 0, "errorMessage": "", "provisioningFailCount": 0,
+                       "hardware": {"cpu": {"arch": "x86_64", "count": cpus}, "ramMebibytes": ram_mib,
+                                    "hostname": name,
+                                    "nics": [{"name": "eth0", "ip": address, "mac": mac(name), "speedGbps": 10}]}}})
+    for node_type, selector in sorted(BARE_METAL_SELECTORS.items()):
+        docs.append({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3MachineTemplate",
+            "metadata": {"name": "%s-%s" % (cluster, node_type), "namespace": NS},
+            "spec": {"template": {"spec": {
+                "hostSelector": selector, "automatedCleaningMode": "metadata",
+                "image": {"url": "http://images.lab.invalid/%s.qcow2" % node_type,
+                          "checksum": "http://images.lab.invalid/%s.qcow2.sha256sum" % node_type,
+                          "checksumType": "sha256", "diskFormat": "qcow2"}}}}})
+    return docs
+
+
 # node types that get a MachineDeployment even with no machine (LAB_COMPUTE=0): the
 # autoscaler grows the compute one from zero
 ALWAYS = ("compute",)
 
 
-def objects(machines, cluster, cpus, ram_mib, pools=()):
+def objects(machines, cluster, cpus, ram_mib, pools=(), replicas=None):
+    """replicas: {node type: count} of MachineDeployments whose hosts the bare-metal pool gives."""
+    replicas = replicas or {}
     docs = [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
              "metadata": {"name": cluster, "namespace": NS},
              "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
                                             "kind": "Metal3Cluster", "name": cluster}},
              "status": {"phase": "Provisioned"}}]
-    types = sorted({m[2] for m in machines} | set(ALWAYS))
+    types = sorted({m[2] for m in machines} | set(ALWAYS) | set(replicas))
     for node_type in types:
         if node_type in pools:
             docs.extend(pool_objects(cluster, node_type, [m for m in machines if m[2] == node_type], cpus, ram_mib))
@@ -69,11 +113,12 @@ def objects(machines, cluster, cpus, ram_mib, pools=()):
         ms = md + "-5d8c7"
         selector = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md}
         members = [m for m in machines if m[2] == node_type]
+        wanted = replicas.get(node_type, len(members))
         template_labels = dict(selector, **{"node-type": node_type})
         docs.append({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
             "metadata": {"name": md, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
-            "spec": {"clusterName": cluster, "replicas": len(members), "selector": {"matchLabels": selector},
+            "spec": {"clusterName": cluster, "replicas": wanted, "selector": {"matchLabels": selector},
                      "template": {"metadata": {"labels": template_labels,
                                                "annotations": template_annotations(node_type)},
                                   "spec": {"clusterName": cluster, "version": "v1.33.4",
@@ -168,6 +213,10 @@ def main():
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--ram-mib", type=int, default=2000)
     ap.add_argument("--pools", default="", help="node types (comma separated) whose machines are in a MachinePool")
+    ap.add_argument("--bare-metal", type=int, default=0, help="register this many BareMetalHosts (a pool)")
+    ap.add_argument("--bare-metal-gpu", type=int, default=0, help="how many of them are labelled gpu=true")
+    ap.add_argument("--subnet", default="10.89.50", help="the lab network's first three octets")
+    ap.add_argument("--replicas", default="", help="compute=N,gpu=N: the pool's MachineDeployments' replicas")
     ap.add_argument("--munge-key-file", help="also serve this munge key as Secret metal3/munge-key")
     ap.add_argument("--slurmdbd-password-file",
                     help="also serve this password as Secret metal3/slurmdbd (key password)")
@@ -175,7 +224,15 @@ def main():
     with open(args.machines) as fh:
         machines = [tuple(line.split()) for line in fh if line.strip()]
     if args.clusters == 1:
-        docs = objects(machines, args.cluster, args.cpus, args.ram_mib, [p for p in args.pools.split(",") if p])
+        replicas = {}
+        if args.bare_metal:
+            replicas = {t: 0 for t in BARE_METAL_SELECTORS}
+            replicas.update({k: int(v) for k, v in (p.split("=") for p in args.replicas.split(",") if p)})
+        docs = objects(machines, args.cluster, args.cpus, args.ram_mib, [p for p in args.pools.split(",") if p],
+                       replicas)
+        if args.bare_metal:
+            docs.extend(bare_metal_objects(args.cluster, args.bare_metal, args.bare_metal_gpu, args.subnet,
+                                           args.cpus, args.ram_mib))
     else:
         docs = []
         for index in range(args.clusters):

@@ -96,6 +96,18 @@ validate_conf() {
     || die "LAB_COMPUTE='$LAB_COMPUTE' must be an integer 0-179"
   [[ "$LAB_LOGIN" =~ ^[0-3]$ ]] || die "LAB_LOGIN='$LAB_LOGIN' must be an integer 0-3"
   [[ "$LAB_GPU" =~ ^[0-9]+$ && "$LAB_GPU" -le 29 ]] || die "LAB_GPU='$LAB_GPU' must be an integer 0-29"
+  [[ "$LAB_BARE_METAL" =~ ^[0-9]+$ && "$LAB_BARE_METAL" -le 40 ]] \
+    || die "LAB_BARE_METAL='$LAB_BARE_METAL' must be an integer 0-40"
+  [[ "$LAB_BARE_METAL_GPU" =~ ^[0-9]+$ && "$LAB_BARE_METAL_GPU" -le "$LAB_BARE_METAL" ]] \
+    || die "LAB_BARE_METAL_GPU='$LAB_BARE_METAL_GPU' must be an integer 0-LAB_BARE_METAL ($LAB_BARE_METAL)"
+  [[ "$LAB_DEPROVISION_SECONDS" =~ ^[0-9]+(\.[0-9]+)?$ ]] \
+    || die "LAB_DEPROVISION_SECONDS='$LAB_DEPROVISION_SECONDS' must be a number of seconds"
+  if (( LAB_BARE_METAL > 0 )); then
+    (( LAB_COMPUTE <= LAB_BARE_METAL - LAB_BARE_METAL_GPU )) || die "LAB_COMPUTE=$LAB_COMPUTE compute machines" \
+      "need as many hosts without a GPU in the pool: LAB_BARE_METAL=$LAB_BARE_METAL has $((LAB_BARE_METAL - LAB_BARE_METAL_GPU))"
+    (( LAB_GPU <= LAB_BARE_METAL_GPU )) || die "LAB_GPU=$LAB_GPU GPU machines need as many GPU hosts in the pool:" \
+      "LAB_BARE_METAL_GPU=$LAB_BARE_METAL_GPU"
+  fi
   [[ -z "$LAB_POOLS" || "$LAB_POOLS" =~ ^[a-z][a-z0-9-]*(,[a-z][a-z0-9-]*)*$ ]] \
     || die "LAB_POOLS='$LAB_POOLS' must be node types separated by commas (e.g. highmem)"
   [[ "$LAB_HIGHMEM" =~ ^[0-9]+$ && "$LAB_HIGHMEM" -le 22 ]] || die "LAB_HIGHMEM='$LAB_HIGHMEM' must be an integer 0-22"
@@ -259,7 +271,8 @@ wanted_machines() {
   for ((i = 1; i <= LAB_CONTROLLERS; i++)); do
     printf '%s-ctl-%02d %s.%d controller\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((10 + i))
   done
-  for ((i = 1; i <= LAB_COMPUTE; i++)); do
+  # with a bare-metal pool, the compute and GPU machines are the pool's hosts, booted when claimed
+  (( LAB_BARE_METAL > 0 )) || for ((i = 1; i <= LAB_COMPUTE; i++)); do
     printf '%s-cn-%02d %s.%d compute\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((20 + i))
   done
   if [[ "$LAB_ACCOUNTING_HOST" == 1 ]]; then
@@ -268,7 +281,7 @@ wanted_machines() {
   for ((i = 1; i <= LAB_LOGIN; i++)); do
     printf '%s-login-%02d %s.%d login\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((6 + i))
   done
-  for ((i = 1; i <= LAB_GPU; i++)); do
+  (( LAB_BARE_METAL > 0 )) || for ((i = 1; i <= LAB_GPU; i++)); do
     printf '%s-gpu-%02d %s.%d gpu\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((200 + i))
   done
   for ((i = 1; i <= LAB_HIGHMEM; i++)); do
@@ -398,7 +411,9 @@ cmd_sim() {
   [[ -f "$dir/slurmdbd.pw" ]] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$dir/slurmdbd.pw")
   (umask 077; python3 "$LAB_DIR/capi_objects.py" "$STATE/machines.tsv" "$dir/objects.yaml" \
     --cluster "$LAB_NAME" --clusters "$LAB_CLUSTERS" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB" --pools "$LAB_POOLS" \
-    --munge-key-file "$dir/munge.key" --slurmdbd-password-file "$dir/slurmdbd.pw")
+    --munge-key-file "$dir/munge.key" --slurmdbd-password-file "$dir/slurmdbd.pw" \
+    --bare-metal "$LAB_BARE_METAL" --bare-metal-gpu "$LAB_BARE_METAL_GPU" --subnet "$LAB_SUBNET_PREFIX" \
+    --replicas "compute=$LAB_COMPUTE,gpu=$LAB_GPU")
   cmd_sim_stop quiet
   # The simulator's CAPI controller boots and removes lab machines with lab/machines.py.
   export LAB_NAME LAB_SUITE LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_LOGIN LAB_GPU LAB_HIGHMEM LAB_SUBNET_PREFIX LAB_CPUS LAB_RAM_MIB LAB_STATE \
@@ -406,7 +421,8 @@ cmd_sim() {
     LAB_API_PORT="$API_PORT"
   PYTHONPATH="$LAB_DIR" nohup python3 -m capisim --bind 127.0.0.1 --port "$API_PORT" \
     --objects "$dir/objects.yaml" --token-file "$dir/token" --pid-file "$dir/sim.pid" \
-    --capi-controller "python3 $LAB_DIR/machines.py" >"$STATE/logs/capisim.log" 2>&1 &
+    --capi-controller "python3 $LAB_DIR/machines.py" --deprovision-seconds "$LAB_DEPROVISION_SECONDS" \
+    >"$STATE/logs/capisim.log" 2>&1 &
   local deadline=$(( $(date +%s) + 15 ))
   until python3 - "$API_PORT" "$dir/token" <<'PY' 2>/dev/null
 import sys, urllib.request
@@ -463,6 +479,33 @@ EOF
   fi
   say "management cluster simulator on http://127.0.0.1:$API_PORT ($(grep -c '^kind: Machine$' \
     "$dir/objects.yaml") Machines); inventory: $LAB_STATE/capi.capi_machines.yml"
+  (( LAB_BARE_METAL == 0 )) || wait_bare_metal
+}
+
+# With a bare-metal pool: the compute and GPU MachineDeployments' Machines claim their hosts and
+# boot them; wait until every one is Provisioned.
+wait_bare_metal() {
+  local t0; t0=$(date +%s%N)
+  say "claiming $((LAB_COMPUTE + LAB_GPU)) of the $LAB_BARE_METAL bare-metal hosts and booting them"
+  python3 - "$API_PORT" "$STATE/capi/token" "$LAB_NAME" "$((LAB_COMPUTE + LAB_GPU))" <<'PY' \
+    || die_with_log "booting the bare-metal pool's hosts" "$STATE/logs/capisim.log"
+import json, sys, time, urllib.request
+port, token, cluster, want = sys.argv[1], open(sys.argv[2]).read().strip(), sys.argv[3], int(sys.argv[4])
+url = "http://127.0.0.1:%s/apis/cluster.x-k8s.io/v1beta2/namespaces/metal3/machines" % port
+deadline = time.time() + 300
+while True:
+    req = urllib.request.Request(url, headers={"Authorization": "Bearer " + token})
+    items = json.load(urllib.request.urlopen(req, timeout=5))["items"]
+    pool = [m for m in items if m["metadata"]["labels"].get("cluster.x-k8s.io/deployment-name")
+            in ("%s-compute" % cluster, "%s-gpu" % cluster)]
+    done = [m for m in pool if (m.get("status") or {}).get("phase") == "Provisioned"]
+    if len(done) >= want:
+        sys.exit(0)
+    if time.time() > deadline:
+        sys.exit("only %d of %d Machines Provisioned after 300 s" % (len(done), want))
+    time.sleep(1)
+PY
+  say "$((LAB_COMPUTE + LAB_GPU)) bare-metal hosts claimed and booted in $(elapsed "$t0") s"
 }
 
 cmd_sim_stop() {

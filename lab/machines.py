@@ -11,6 +11,9 @@ way: lab.sh -> capisim -> this module -> podman.
         boot a new machine for a Cluster API Machine; prints "hostname address cpus ram_mib".
         USER_DATA_FILE: the Machine's bootstrap data, handed to cloud-init at first boot
         as a NoCloud seed (as Metal3 hands it to the host's config drive)
+    python3 lab/machines.py machine-boot HOST IP NODE_TYPE [USER_DATA_FILE]
+        boot a pool's registered host (a BareMetalHost: its name and address) anew with the image
+        of NODE_TYPE, as Metal3 writes a claimed host's disk; prints "hostname address cpus ram_mib"
     python3 lab/machines.py machine-remove HOSTNAME   remove it (the host is "deprovisioned")
 
 Settings come from the environment, as lab/lab.sh exports them from lab/lab.conf.
@@ -212,6 +215,26 @@ class Lab:
         self.say("%s booted for Machine %s" % (name, machine))
         return name, ip, self.cpus, ram_of(node_type, self.ram_mib)
 
+    def boot(self, host, ip, node_type, user_data_file=None):
+        """A pool's host claimed by a Machine: its disk written anew (the container made again) with the
+        node type's image and the Machine's bootstrap data: (hostname, address, cpus, ram_mib)."""
+        user_data = None
+        if user_data_file:
+            with open(user_data_file, "rb") as fh:
+                user_data = fh.read()
+        if node_type not in LAYOUT:
+            raise RuntimeError("machine-boot: node type '%s' has no lab machines" % node_type)
+        os.makedirs(self.state, exist_ok=True)
+        with open(os.path.join(self.state, ".machines.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.podman("rm", "-f", "-t", "2", host, check=False)
+            self.start(host, ip, node_type, user_data)
+            with open(self._tsv(), "a") as fh:
+                fh.write("%s %s %s\n" % (host, ip, node_type))
+        self.ready(host, ip)
+        self.say("%s provisioned as %s" % (host, node_type))
+        return host, ip, self.cpus, ram_of(node_type, self.ram_mib)
+
     def remove(self, name):
         with open(os.path.join(self.state, ".machines.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -239,6 +262,8 @@ def main(argv):
             lab.ready(*args)
         elif command == "machine-add" and len(args) in (2, 3):
             print("%s %s %d %d" % lab.add(*args))
+        elif command == "machine-boot" and len(args) in (3, 4):
+            print("%s %s %d %d" % lab.boot(*args))
         elif command == "machine-remove" and len(args) == 1:
             lab.remove(args[0])
         else:

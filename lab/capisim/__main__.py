@@ -25,21 +25,30 @@ class CommandProvisioner(Provisioner):
     def __init__(self, command):
         self.command = shlex.split(command)
 
-    def provision(self, machine_name, node_type, user_data=None):
-        args = self.command + ["machine-add", machine_name, node_type]
-        with tempfile.NamedTemporaryFile(prefix="bootstrap-", suffix=".data") as data:  # mode 0600
+    def _boot(self, args, user_data, what):
+        """Run a boot command with the bootstrap data in a file (mode 0600) as its last argument; its
+        last line is "hostname address cpus ram_mib"."""
+        with tempfile.NamedTemporaryFile(prefix="bootstrap-", suffix=".data") as data:
             if user_data is not None:
                 data.write(user_data)
                 data.flush()
-                args.append(data.name)
+                args = args + [data.name]
             proc = subprocess.run(args, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise RuntimeError("machine-add exited %d: %s" % (proc.returncode, proc.stderr.strip()[-500:]))
+            raise RuntimeError("%s exited %d: %s" % (what, proc.returncode, proc.stderr.strip()[-500:]))
         hostname, address, cpus, ram = proc.stdout.strip().splitlines()[-1].split()
         return hostname, address, int(cpus), int(ram)
 
+    def provision(self, machine_name, node_type, user_data=None):
+        return self._boot(self.command + ["machine-add", machine_name, node_type], user_data, "machine-add")
+
     def release(self, hostname):
         subprocess.run(self.command + ["machine-remove", hostname], check=True, capture_output=True, text=True)
+
+    def provision_host(self, host, address, machine_name, node_type, user_data=None):
+        """`CMD machine-boot HOST ADDRESS NODE_TYPE [USER_DATA_FILE]`: a pool's host booted anew."""
+        return self._boot(self.command + ["machine-boot", host, address, node_type], user_data,
+                          "machine-boot %s for %s" % (host, machine_name))
 
 
 READONLY_RULES = {("cluster.x-k8s.io", "machines", verb) for verb in ("get", "list", "watch")}
@@ -57,6 +66,8 @@ def main(argv=None):
     ap.add_argument("--pid-file")
     ap.add_argument("--capi-controller", metavar="PROVISIONER_CMD",
                     help="run the Cluster API controller; hosts are booted/removed with this command")
+    ap.add_argument("--deprovision-seconds", type=float, default=0.0,
+                    help="how long a pool's BareMetalHost stays deprovisioning before it is available again")
     args = ap.parse_args(argv)
 
     tokens = {}
@@ -79,7 +90,8 @@ def main(argv=None):
     sim.start()
     controller = None
     if args.capi_controller:
-        controller = CapiController(store, CommandProvisioner(args.capi_controller)).start()
+        controller = CapiController(store, CommandProvisioner(args.capi_controller),
+                                    deprovision_seconds=args.deprovision_seconds).start()
     print(f"capisim serving {sum(len(v) for v in store.objects.values())} objects on {sim.url}", flush=True)
     while not done.wait(5):
         if controller is not None and controller.errors:

@@ -20,6 +20,8 @@ depends on:
   pre-drain.delete.hook... only when the Machine has status.nodeRef, then
   pre-terminate.delete.hook... always. Then the host is released (provisioner),
   the Metal3 objects are deleted and the finalizer removed: the Machine is gone.
+* with a pool of BareMetalHosts (a template naming a Metal3MachineTemplate the store holds):
+  Metal3's association, host states and deprovisioning, in metal3.py.
 """
 
 import base64
@@ -29,6 +31,7 @@ import threading
 import time
 import uuid
 
+from .metal3 import Metal3Pool
 from .store import ApiError, now
 
 CAPI = "cluster.x-k8s.io"
@@ -55,13 +58,18 @@ class Provisioner:
         """Power the host off / remove it."""
         raise NotImplementedError
 
+    def provision_host(self, host, address, machine_name, node_type, user_data=None):
+        """Boot a pool's registered host (a BareMetalHost's name and address) with the image of the
+        Machine's node type; return (hostname, address, cpus, ram_mib)."""
+        raise NotImplementedError
+
 
 def hooks(meta, prefix):
     return sorted(k for k in (meta.get("annotations") or {}) if k.startswith(prefix + "/"))
 
 
 class CapiController:
-    def __init__(self, store, provisioner, interval=0.3, seed=None):
+    def __init__(self, store, provisioner, interval=0.3, seed=None, deprovision_seconds=0.0):
         self.store = store
         self.provisioner = provisioner
         self.interval = interval
@@ -71,6 +79,7 @@ class CapiController:
         self._stop = threading.Event()
         self._thread = None
         self.errors = []
+        self.metal3 = Metal3Pool(self, deprovision_seconds)
 
     # ------------------------------------------------------------------ helpers
     def res(self, group, plural):
@@ -122,6 +131,7 @@ class CapiController:
         for plural, dummy, label in OWNERS:
             for owner in self._items(CAPI, plural):
                 self._reconcile_owner(owner, plural, label)
+        self.metal3.reconcile()
         for machine in self._items(CAPI, "machines"):
             if machine["metadata"].get("deletionTimestamp"):
                 self._reconcile_delete(machine)
@@ -193,6 +203,13 @@ class CapiController:
             machine["metadata"]["ownerReferences"] = [{
                 "apiVersion": CAPI + "/v1beta2", "kind": "MachinePool", "name": owner["metadata"]["name"],
                 "uid": owner["metadata"].get("uid", ""), "controller": True, "blockOwnerDeletion": True}]
+        template = self.metal3.template_of(owner)
+        if template is not None:  # a pool's host: claimed by the Metal3 loop, booted once claimed
+            created = self.store.create(self.res(CAPI, "machines"), ns, machine)
+            self._status(self.res(CAPI, "machines"), created, {"phase": "Provisioning"})
+            self.store.create(self.res(INFRA, "metal3machines"), ns, self.metal3.metal3machine_for(template, created))
+            self.note(name, "created")
+            return
         created = self.store.create(self.res(CAPI, "machines"), ns, machine)
         self._status(self.res(CAPI, "machines"), created, {"phase": "Provisioning"})
         self.store.create(self.res(INFRA, "metal3machines"), ns, {
@@ -225,9 +242,45 @@ class CapiController:
             self._set_machine_phase(ns, name, "Failed")
             self.busy.discard(name)
             return
-        provider_id = "metal3://%s/%s/%s" % (ns, hostname, name)
+        self.finish_provisioned(ns, name, hostname, hostname, address, cpus, ram)
+        self.busy.discard(name)
+
+    def finish_provisioned(self, ns, name, host, hostname, address, cpus, ram, pool=False):
+        """The host booted: its BareMetalHost provisioned, the Metal3Machine and the Machine with its
+        providerID and addresses, the Machine Provisioned. Without a pool the BareMetalHost is made here."""
+        provider_id = "metal3://%s/%s/%s" % (ns, host, name)
         addresses = [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": hostname}]
         bmh_res = self.res("metal3.io", "baremetalhosts")
+        if pool:
+            with self.store.lock:
+                bmh = self.store.get(bmh_res, ns, host)
+                provisioning = dict((bmh.get("status") or {}).get("provisioning") or {}, state="provisioned")
+                if (bmh.get("spec") or {}).get("image"):
+                    provisioning["image"] = bmh["spec"]["image"]
+                self._status(bmh_res, bmh, {"provisioning": provisioning, "poweredOn": True,
+                                            "operationalStatus": "OK"})
+        else:
+            self._legacy_host(ns, name, hostname, address, cpus, ram)
+        with self.store.lock:
+            m3m_res = self.res(INFRA, "metal3machines")
+            m3m = copy.deepcopy(self.store.get(m3m_res, ns, name))
+            m3m["metadata"].setdefault("annotations", {})["metal3.io/BareMetalHost"] = "%s/%s" % (ns, host)
+            m3m["spec"]["providerID"] = provider_id
+            m3m = self.store.update(m3m_res, ns, name, m3m)
+            self._status(m3m_res, m3m, {"addresses": addresses, "ready": True} if not pool else
+                         {"addresses": addresses, "initialization": {"provisioned": True}})
+            machine_res = self.res(CAPI, "machines")
+            machine = copy.deepcopy(self.store.get(machine_res, ns, name))
+            machine["spec"]["providerID"] = provider_id
+            machine = self.store.update(machine_res, ns, name, machine)
+            self._status(machine_res, machine, {"phase": "Provisioned", "addresses": addresses})
+        self.note(name, "provisioned")
+
+    def _legacy_host(self, ns, name, hostname, address, cpus, ram):
+        """A BareMetalHost made for the Machine (no pool), provisioned."""
+        bmh_res = self.res("metal3.io", "baremetalhosts")
+        node_type = ((self.store.get(self.res(CAPI, "machines"), ns, name)["metadata"].get("labels") or {})
+                     .get("node-type", ""))
         try:
             self.store.create(bmh_res, ns, {
                 "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
@@ -242,19 +295,6 @@ class CapiController:
                                         "hardware": {"cpu": {"count": cpus}, "ramMebibytes": ram,
                                                      "hostname": hostname,
                                                      "nics": [{"name": "eth0", "ip": address}]}})
-            m3m_res = self.res(INFRA, "metal3machines")
-            m3m = copy.deepcopy(self.store.get(m3m_res, ns, name))
-            m3m["metadata"].setdefault("annotations", {})["metal3.io/BareMetalHost"] = "%s/%s" % (ns, hostname)
-            m3m["spec"]["providerID"] = provider_id
-            m3m = self.store.update(m3m_res, ns, name, m3m)
-            self._status(m3m_res, m3m, {"addresses": addresses, "ready": True})
-            machine_res = self.res(CAPI, "machines")
-            machine = copy.deepcopy(self.store.get(machine_res, ns, name))
-            machine["spec"]["providerID"] = provider_id
-            machine = self.store.update(machine_res, ns, name, machine)
-            self._status(machine_res, machine, {"phase": "Provisioned", "addresses": addresses})
-        self.note(name, "provisioned")
-        self.busy.discard(name)
 
     def _set_machine_phase(self, ns, name, phase):
         res = self.res(CAPI, "machines")
@@ -301,7 +341,9 @@ class CapiController:
                     bmh_ref = (m3m["metadata"].get("annotations") or {}).get("metal3.io/BareMetalHost")
                 except ApiError:
                     m3m = None
-            if bmh_ref:
+            if m3m is not None and self.metal3.is_pool_machine(m3m):
+                self.metal3.release(ns, name, m3m)  # the host stays, deprovisioned, then available
+            elif bmh_ref:
                 hostname = bmh_ref.split("/", 1)[-1]
                 self.provisioner.release(hostname)
                 try:

@@ -72,6 +72,10 @@ RESOURCES = (
     Resource(INFRA, "metal3machines", "Metal3Machine", _CAPI_VERSIONS,
              short_names=("m3m", "m3machine", "m3machines", "metal3m", "metal3machine"),
              categories=("cluster-api",), singular="metal3machine"),
+    # not among ../shared/k8s/crds: names as CAPM3's CRD declares them; templates have no status
+    Resource(INFRA, "metal3machinetemplates", "Metal3MachineTemplate", _CAPI_VERSIONS,
+             short_names=("m3mt", "m3machinetemplate", "m3machinetemplates", "metal3mt", "metal3machinetemplate"),
+             categories=("cluster-api",), subresources=(), singular="metal3machinetemplate"),
     Resource(METAL3, "baremetalhosts", "BareMetalHost", ("v1alpha1",), short_names=("bmh", "bmhost"),
              singular="baremetalhost"),
 )
