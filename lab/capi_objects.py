@@ -56,11 +56,20 @@ def mac(name):
     return "02:" + ":".join(digest[i:i + 2] for i in range(0, 10, 2))
 
 
-# node types whose machines come from the bare-metal pool (--bare-metal), and what their templates select
+# node types whose machines come from the bare-metal pool (--bare-metal), and what their templates select:
+# the host's side (the label a move changes, docs/converged.md) and its hardware
+POOL_LABEL_KEY = "converged.hpc/pool"
 BARE_METAL_SELECTORS = {
     "compute": {"matchExpressions": [{"key": "gpu", "operator": "NotIn", "values": ["true"]}]},
     "gpu": {"matchLabels": {"gpu": "true"}},
 }
+
+
+def bare_metal_selector(cluster, node_type):
+    selector = dict(BARE_METAL_SELECTORS[node_type])
+    side = {POOL_LABEL_KEY: "%s-%s" % (cluster, node_type)}
+    selector["matchLabels"] = dict(selector.get("matchLabels") or {}, **side)
+    return selector
 
 
 def bare_metal_objects(cluster, count, gpu, subnet, cpus, ram_mib):
@@ -69,7 +78,9 @@ def bare_metal_objects(cluster, count, gpu, subnet, cpus, ram_mib):
     for index in range(1, count + 1):
         name = "%s-bm-%02d" % (cluster, index)
         address = "%s.%d" % (subnet, 100 + index)
-        labels = {"gpu": "true"} if index <= gpu else {}
+        # a GPU host starts on the gpu side, the others on the compute side
+        labels = {"gpu": "true", POOL_LABEL_KEY: cluster + "-gpu"} if index <= gpu \
+            else {POOL_LABEL_KEY: cluster + "-compute"}
         docs.append({
             "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
             "metadata": {"name": name, "namespace": NS, "labels": labels},
@@ -79,7 +90,8 @@ def bare_metal_objects(cluster, count, gpu, subnet, cpus, ram_mib):
                        "hardware": {"cpu": {"arch": "x86_64", "count": cpus}, "ramMebibytes": ram_mib,
                                     "hostname": name,
                                     "nics": [{"name": "eth0", "ip": address, "mac": mac(name), "speedGbps": 10}]}}})
-    for node_type, selector in sorted(BARE_METAL_SELECTORS.items()):
+    for node_type in sorted(BARE_METAL_SELECTORS):
+        selector = bare_metal_selector(cluster, node_type)
         docs.append({
             "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3MachineTemplate",
             "metadata": {"name": "%s-%s" % (cluster, node_type), "namespace": NS},

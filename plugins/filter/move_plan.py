@@ -1,0 +1,277 @@
+# -*- coding: utf-8 -*-
+# Copyright: converged.hpc contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Which bare-metal hosts a move takes from one MachineDeployment to another, and whether it can work."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+name: move_plan
+short_description: Choose the hosts a move takes between two MachineDeployments of one bare-metal pool
+version_added: 0.6.0
+author: converged.hpc contributors (@converged-hpc)
+description:
+  - A move gives hosts of the source MachineDeployment back to the pool and lets the target claim exactly
+    those - each chosen host is labelled O(pool_label) with the target's name once it is available, and the
+    target's Metal3MachineTemplate selects hosts by that label (docs/converged.md).
+  - The request names the source (C(from)), the target (C(to)) and one of C(count) (that many hosts, idle
+    Slurm nodes first), C(hosts) (BareMetalHost, Machine or host names) or C(label) (C(key=value) on the
+    BareMetalHosts, e.g. C(gpu=true)).
+  - Nothing is decided when the move cannot work; RV(_value.errors) says why, naming the bad value - an
+    unknown MachineDeployment or template, a host that is not the source's, fewer hosts than asked, a host
+    the target's C(hostSelector) would not claim once labelled (its hardware is not the target's) or the
+    source's would claim again, the target's maximum or the source's minimum (the Cluster API autoscaler's
+    C(node-group-max-size) and C(node-group-min-size) annotations).
+positional: deployments, templates, hosts, machines
+options:
+  _input:
+    description: The request, C({from, to, count | hosts | label}), optionally C(namespace) (default C(metal3)).
+    type: dict
+    required: true
+  deployments:
+    description: The MachineDeployments (objects as the API returns them).
+    type: list
+    elements: dict
+    required: true
+  templates:
+    description: The Metal3MachineTemplates.
+    type: list
+    elements: dict
+    required: true
+  hosts:
+    description: The BareMetalHosts.
+    type: list
+    elements: dict
+    required: true
+  machines:
+    description: The Machines.
+    type: list
+    elements: dict
+    required: true
+  nodes:
+    description: Slurm's node states by node name (C(idle), C(alloc)...), to take idle nodes first.
+    type: dict
+    default: {}
+  pool_label:
+    description: The host label the templates select a side by.
+    type: str
+    default: converged.hpc/pool
+"""
+
+EXAMPLES = r"""
+plan: "{{ {'from': 'hpc-gpu', 'to': 'k8s-gpu', 'count': 1} | converged.hpc.move_plan(mds, templates, bmhs, machines) }}"
+"""
+
+RETURN = r"""
+_value:
+  description:
+    - C(errors) - why the move cannot work (empty when it can).
+    - C(source), C(target) - C({namespace, name, replicas, desired}).
+    - C(hosts) - the BareMetalHosts moved; C(machines) - the source's Machines on them (to mark with
+      C(cluster.x-k8s.io/delete-machine)); C(labels) - the label each host gets once it is available.
+    - C(line) - one line saying what the move does.
+  type: dict
+"""
+
+from ansible.errors import AnsibleFilterError
+
+MAX_SIZE = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size"
+MIN_SIZE = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size"
+OPERATORS = ("in", "notin", "exists", "!", "=", "==", "!=", "gt", "lt")
+
+
+def selector_matches(selector, labels):
+    """A Metal3MachineTemplate's hostSelector against a host's labels, as CAPM3 builds it (operators
+    lower-cased); None for an operator it cannot build."""
+    labels = labels or {}
+    selector = selector or {}
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, values = expr.get("key"), expr.get("values") or []
+        op = str(expr.get("operator", "")).lower()
+        if op not in OPERATORS:
+            return None
+        present = key in labels
+        if op in ("in", "=", "==") and (not present or labels[key] not in values):
+            return False
+        if (op in ("notin", "!=") and present and labels[key] in values) or (op == "exists" and not present) \
+                or (op == "!" and present):
+            return False
+        if op in ("gt", "lt"):
+            try:
+                have, want = int(labels[key]), int(values[0])
+            except (KeyError, ValueError, IndexError):
+                return False
+            if (op == "gt" and have <= want) or (op == "lt" and have >= want):
+                return False
+    return True
+
+
+def _find(objects, namespace, name):
+    return next((o for o in objects if o["metadata"].get("namespace") == namespace
+                 and o["metadata"]["name"] == name), None)
+
+
+def _check_request(request):
+    errors = []
+    for side in ("from", "to"):
+        if not isinstance(request.get(side), str) or not request.get(side):
+            errors.append("'%s' must name a MachineDeployment, got %r" % (side, request.get(side)))
+    if not errors and request["from"] == request["to"]:
+        errors.append("'from' and 'to' are the same MachineDeployment (%s)" % request["from"])
+    chosen = [k for k in ("count", "hosts", "label") if request.get(k) not in (None, "", [])]
+    if len(chosen) != 1:
+        errors.append("give exactly one of count, hosts or label (given: %s)" % (", ".join(chosen) or "none"))
+    elif chosen == ["count"]:
+        count = request["count"]
+        if isinstance(count, bool) or not str(count).isdigit() or int(count) < 1:
+            errors.append("count must be a positive integer, got %r" % (count,))
+    elif chosen == ["hosts"]:
+        hosts = request["hosts"]
+        if isinstance(hosts, str):
+            hosts = [h.strip() for h in hosts.split(",")]
+        if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
+            errors.append("hosts must be a list of host names, got %r" % (request["hosts"],))
+    elif "=" not in str(request["label"]) or not str(request["label"]).split("=", 1)[0]:
+        errors.append("label must be key=value, got %r" % (request["label"],))
+    return errors
+
+
+def _side(deployments, templates, namespace, name, role, errors):
+    md = _find(deployments, namespace, name)
+    if md is None:
+        errors.append("%s MachineDeployment %s/%s does not exist" % (role, namespace, name))
+        return None, None
+    ref = (((md.get("spec") or {}).get("template") or {}).get("spec") or {}).get("infrastructureRef") or {}
+    template = _find(templates, namespace, ref.get("name", "")) if ref.get("kind") == "Metal3MachineTemplate" else None
+    if template is None:
+        errors.append("%s MachineDeployment %s/%s does not take its hosts from a pool: its infrastructureRef is %s %s, "
+                      "not a Metal3MachineTemplate that exists" % (role, namespace, name, ref.get("kind"),
+                                                                   ref.get("name")))
+    return md, template
+
+
+def _selector(template):
+    return (((template or {}).get("spec") or {}).get("template") or {}).get("spec", {}).get("hostSelector")
+
+
+def _candidates(namespace, source, hosts, machines):
+    """(host, machine, node name) of the source's live Machines on provisioned hosts, by host name."""
+    name = source["metadata"]["name"]
+    ours = {}
+    for machine in machines:
+        meta = machine["metadata"]
+        if meta.get("namespace") != namespace or meta.get("deletionTimestamp") \
+                or (meta.get("labels") or {}).get("cluster.x-k8s.io/deployment-name") != name:
+            continue
+        infra = ((machine.get("spec") or {}).get("infrastructureRef") or {}).get("name", meta["name"])
+        ours[infra] = machine
+    out = []
+    for host in hosts:
+        if host["metadata"].get("namespace") != namespace:
+            continue
+        consumer = ((host.get("spec") or {}).get("consumerRef") or {}).get("name")
+        if consumer in ours:
+            machine = ours[consumer]
+            node = next((a["address"] for a in (machine.get("status") or {}).get("addresses") or []
+                         if a.get("type") == "Hostname"), host["metadata"]["name"])
+            out.append((host, machine, node))
+    return sorted(out, key=lambda c: c[0]["metadata"]["name"])
+
+
+def move_plan(request, deployments, templates, hosts, machines, nodes=None, pool_label="converged.hpc/pool"):
+    """See DOCUMENTATION."""
+    if not isinstance(request, dict):
+        raise AnsibleFilterError("move_plan: the request must be a dict {from, to, count | hosts | label}, got %r"
+                                 % (request,))
+    nodes = nodes or {}
+    namespace = request.get("namespace") or "metal3"
+    errors = _check_request(request)
+    out = {"errors": errors, "hosts": [], "machines": [], "labels": {}, "source": None, "target": None, "line": ""}
+    if errors:
+        return out
+    source, source_template = _side(deployments, templates, namespace, request["from"], "the source", errors)
+    target, target_template = _side(deployments, templates, namespace, request["to"], "the target", errors)
+    if errors:
+        return out
+    candidates = _candidates(namespace, source, hosts, machines)
+    if request.get("count") not in (None, ""):
+        count = int(request["count"])
+        # idle Slurm nodes first (a busy one moves after its jobs end), then by name
+        ordered = sorted(candidates, key=lambda c: (nodes.get(c[2], "idle").rstrip("*~#!%$@^-") != "idle",
+                                                    c[0]["metadata"]["name"]))
+        chosen = ordered[:count]
+        if len(chosen) < count:
+            errors.append("%s/%s has %d host(s) to move, %d asked"
+                          % (namespace, request["from"], len(candidates), count))
+    elif request.get("hosts") not in (None, "", []):
+        wanted = request["hosts"]
+        wanted = [h.strip() for h in wanted.split(",")] if isinstance(wanted, str) else list(wanted)
+        chosen = []
+        for name in wanted:
+            found = next((c for c in candidates if name in (c[0]["metadata"]["name"], c[1]["metadata"]["name"], c[2])),
+                         None)
+            if found is None:
+                errors.append("host %s is not one of %s/%s's (%s)" % (
+                    name, namespace, request["from"], ", ".join(c[0]["metadata"]["name"] for c in candidates) or "none"))
+            elif found not in chosen:
+                chosen.append(found)
+    else:
+        key, value = str(request["label"]).split("=", 1)
+        chosen = [c for c in candidates if (c[0]["metadata"].get("labels") or {}).get(key) == value]
+        if not chosen:
+            errors.append("no host of %s/%s has the label %s" % (namespace, request["from"], request["label"]))
+    labels = {pool_label: request["to"]}
+    for host, dummy, dummy2 in chosen:
+        relabelled = dict(host["metadata"].get("labels") or {}, **labels)
+        claims = selector_matches(_selector(target_template), relabelled)
+        if claims is None:
+            errors.append("the target's hostSelector has an operator CAPM3 cannot build: %s" % _selector(target_template))
+        elif not claims:
+            errors.append("host %s labelled %s=%s is not one %s's hostSelector claims (%s): its labels %s" % (
+                host["metadata"]["name"], pool_label, request["to"], request["to"], _selector(target_template),
+                relabelled))
+        if selector_matches(_selector(source_template), relabelled):
+            errors.append("host %s labelled %s=%s would still be claimed by %s's hostSelector (%s): the source must "
+                          "select its hosts by %s" % (host["metadata"]["name"], pool_label, request["to"],
+                                                      request["from"], _selector(source_template), pool_label))
+    moved = len(chosen)
+    source_replicas = int((source.get("spec") or {}).get("replicas") or 0)
+    target_replicas = int((target.get("spec") or {}).get("replicas") or 0)
+    bounds = ((target, target_replicas + moved, MAX_SIZE, "maximum"),
+              (source, source_replicas - moved, MIN_SIZE, "minimum"))
+    for md, wanted_replicas, annotation, word in bounds:
+        bound = (md["metadata"].get("annotations") or {}).get(annotation)
+        if bound is None:
+            continue
+        try:
+            bound = int(bound)
+        except ValueError:
+            errors.append("%s's %s annotation %s is not a number: %r"
+                          % (md["metadata"]["name"], word, annotation, bound))
+            continue
+        if (word == "maximum" and wanted_replicas > bound) or (word == "minimum" and wanted_replicas < bound):
+            errors.append("%s would have %d replicas, beyond its %s %d (%s)" % (
+                md["metadata"]["name"], wanted_replicas, word, bound, annotation))
+    if errors:
+        return out
+    out.update(
+        hosts=[c[0]["metadata"]["name"] for c in chosen], machines=[c[1]["metadata"]["name"] for c in chosen],
+        labels=labels,
+        source={"namespace": namespace, "name": request["from"], "replicas": source_replicas,
+                "desired": source_replicas - moved},
+        target={"namespace": namespace, "name": request["to"], "replicas": target_replicas,
+                "desired": target_replicas + moved})
+    out["line"] = "move %s: %s %d -> %d, %s %d -> %d" % (
+        ", ".join(out["hosts"]), request["from"], source_replicas, source_replicas - moved, request["to"],
+        target_replicas, target_replicas + moved)
+    return out
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"move_plan": move_plan}
