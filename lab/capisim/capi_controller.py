@@ -22,6 +22,10 @@ depends on:
   the Metal3 objects are deleted and the finalizer removed: the Machine is gone.
 * with a pool of BareMetalHosts (a template naming a Metal3MachineTemplate the store holds):
   Metal3's association, host states and deprovisioning, in metal3.py.
+* a Machine of a cluster whose workload API is given (workloads, workload.py): its Node registered
+  there once the host has booted, status.nodeRef and phase Running; on deletion, after the pre-drain
+  hooks, the Node drained (cordon, every Pod evicted), then the pre-terminate hooks, the host released,
+  and the Node deleted, as CAPI's reconcileDelete orders them.
 """
 
 import base64
@@ -69,8 +73,10 @@ def hooks(meta, prefix):
 
 
 class CapiController:
-    def __init__(self, store, provisioner, interval=0.3, seed=None, deprovision_seconds=0.0):
+    def __init__(self, store, provisioner, interval=0.3, seed=None, deprovision_seconds=0.0, workloads=None):
         self.store = store
+        self.workloads = dict(workloads or {})  # cluster name -> workload.WorkloadCluster
+        self.drained = set()  # Machines whose Node was drained
         self.provisioner = provisioner
         self.interval = interval
         self.random = random.Random(seed)
@@ -275,6 +281,29 @@ class CapiController:
             machine = self.store.update(machine_res, ns, name, machine)
             self._status(machine_res, machine, {"phase": "Provisioned", "addresses": addresses})
         self.note(name, "provisioned")
+        workload = self.workloads.get(machine["spec"].get("clusterName"))
+        if workload is not None:
+            self._join_workload(workload, ns, name, host, hostname, cpus, ram)
+
+    def _join_workload(self, workload, ns, name, host, hostname, cpus, ram):
+        """The host's kubelet registers its Node; Cluster API then sets nodeRef, phase Running."""
+        machine_res = self.res(CAPI, "machines")
+        machine = self.store.get(machine_res, ns, name)
+        extended = {}
+        try:
+            bmh = self.store.get(self.res("metal3.io", "baremetalhosts"), ns, host)
+            gpus = (bmh["metadata"].get("labels") or {}).get("nvidia.com/gpu.count")
+            if gpus:
+                extended["nvidia.com/gpu"] = gpus
+        except ApiError:
+            pass
+        labels = {"kubernetes.io/hostname": hostname,
+                  "node-type": (machine["metadata"].get("labels") or {}).get("node-type", "")}
+        workload.register_node(hostname, labels, cpus, ram, extended)
+        with self.store.lock:
+            self._status(machine_res, self.store.get(machine_res, ns, name),
+                         {"phase": "Running", "nodeRef": {"name": hostname}})
+        self.note(name, "node %s registered" % hostname)
 
     def _legacy_host(self, ns, name, hostname, address, cpus, ram):
         """A BareMetalHost made for the Machine (no pool), provisioned."""
@@ -319,6 +348,15 @@ class CapiController:
                                                              waitForPreDrainHookStartTime=now())})
                 self.note(name, "waiting for pre-drain hook")
             return
+        workload = self.workloads.get((machine.get("spec") or {}).get("clusterName"))
+        if status.get("nodeRef") and workload is not None and name not in self.drained:
+            if "nodeDrainStartTime" not in (status.get("deletion") or {}):
+                self._status(res, machine, {"phase": "Deleting",
+                                            "deletion": dict(status.get("deletion") or {}, nodeDrainStartTime=now())})
+            self.busy.add(name)
+            threading.Thread(target=self._drain, args=(workload, name, status["nodeRef"]["name"]),
+                             daemon=True).start()
+            return
         if hooks(meta, PRE_TERMINATE):
             if status.get("phase") != "Deleting" or \
                     "waitForPreTerminateHookStartTime" not in (status.get("deletion") or {}):
@@ -330,6 +368,16 @@ class CapiController:
         self.busy.add(name)
         self.note(name, "hooks released")
         threading.Thread(target=self._finish_delete, args=(ns, name), daemon=True).start()
+
+    def _drain(self, workload, name, node):
+        try:
+            evicted = workload.drain(node)
+            self.drained.add(name)
+            self.note(name, "node %s drained (%d Pod(s) evicted)" % (node, len(evicted)))
+        except Exception as exc:  # the next round tries again
+            self.errors.append("draining node %s of %s failed: %s" % (node, name, exc))
+        finally:
+            self.busy.discard(name)
 
     def _finish_delete(self, ns, name):
         try:
@@ -356,6 +404,12 @@ class CapiController:
                 except ApiError:
                     pass
             res = self.res(CAPI, "machines")
+            machine = self.store.get(res, ns, name)
+            workload = self.workloads.get((machine.get("spec") or {}).get("clusterName"))
+            node = ((machine.get("status") or {}).get("nodeRef") or {}).get("name")
+            if workload is not None and node:
+                workload.delete_node(node)
+                self.note(name, "node %s deleted" % node)
             with self.store.lock:
                 machine = copy.deepcopy(self.store.get(res, ns, name))
                 machine["metadata"]["finalizers"] = [f for f in machine["metadata"].get("finalizers") or []
