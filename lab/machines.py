@@ -22,6 +22,7 @@ Settings come from the environment, as lab/lab.sh exports them from lab/lab.conf
 import fcntl
 import io
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -43,6 +44,14 @@ LAB_GPUS = 2
 GPU_GRES = "gpu:lab:%d" % LAB_GPUS
 # A highmem machine declares this many times the lab's RAM.
 HIGHMEM_FACTOR = 2
+
+
+def read_user_data(path):
+    """The bootstrap data a Machine's host is given (bytes), or None without a file."""
+    if not path:
+        return None
+    with open(path, "rb") as fh:
+        return fh.read()
 
 
 def ram_of(node_type, ram_mib):
@@ -177,10 +186,7 @@ class Lab:
 
     def add(self, machine, node_type, user_data_file=None):
         """Boot a new machine for a Cluster API Machine: (hostname, address, cpus, ram_mib)."""
-        user_data = None
-        if user_data_file:
-            with open(user_data_file, "rb") as fh:
-                user_data = fh.read()
+        user_data = read_user_data(user_data_file)
         if node_type not in LAYOUT:
             raise RuntimeError("machine-add: node type '%s' has no lab machines" % node_type)
         prefix, base, last = LAYOUT[node_type]
@@ -217,13 +223,11 @@ class Lab:
 
     def boot(self, host, ip, node_type, user_data_file=None):
         """A pool's host claimed by a Machine: its disk written anew (the container made again) with the
-        node type's image and the Machine's bootstrap data: (hostname, address, cpus, ram_mib)."""
-        user_data = None
-        if user_data_file:
-            with open(user_data_file, "rb") as fh:
-                user_data = fh.read()
-        if node_type not in LAYOUT:
-            raise RuntimeError("machine-boot: node type '%s' has no lab machines" % node_type)
+        node type's image and the Machine's bootstrap data: (hostname, address, cpus, ram_mib). Any node
+        type: the address is the host's, not one of a node type's range."""
+        user_data = read_user_data(user_data_file)
+        if not re.match(r"^[a-z0-9][a-z0-9-]*$", node_type):
+            raise RuntimeError("machine-boot: node type '%s' is not a label value the lab can use" % node_type)
         os.makedirs(self.state, exist_ok=True)
         with open(os.path.join(self.state, ".machines.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
