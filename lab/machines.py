@@ -254,7 +254,7 @@ class Lab:
 
 def main(argv):
     lab = Lab()
-    usage = __doc__.split("\n\n")[1]
+    usage = next(p for p in __doc__.split("\n\n") if p.lstrip().startswith("python3 lab/machines.py"))
     if len(argv) < 2:
         print(usage, file=sys.stderr)
         return 2
