@@ -14,6 +14,7 @@ import yaml
 from .capi_controller import CapiController, Provisioner
 from .server import Identity, Simulator
 from .store import Store
+from .workload import WorkloadCluster
 
 
 class CommandProvisioner(Provisioner):
@@ -51,6 +52,17 @@ class CommandProvisioner(Provisioner):
                           "machine-boot %s for %s" % (host, machine_name))
 
 
+def parse_workload(spec):
+    """CLUSTER=URL,TOKEN_FILE[,CA_FILE] -> (cluster, WorkloadCluster); the token is read from its file."""
+    cluster, sep, rest = spec.partition("=")
+    parts = rest.split(",")
+    if not sep or not cluster or len(parts) not in (2, 3) or not parts[0].startswith(("http://", "https://")):
+        raise SystemExit("--workload %r: expected CLUSTER=URL,TOKEN_FILE[,CA_FILE]" % spec)
+    with open(parts[1]) as fh:
+        token = fh.read().strip()
+    return cluster, WorkloadCluster(parts[0], token, parts[2] if len(parts) == 3 else None)
+
+
 READONLY_RULES = {("cluster.x-k8s.io", "machines", verb) for verb in ("get", "list", "watch")}
 
 
@@ -68,7 +80,10 @@ def main(argv=None):
                     help="run the Cluster API controller; hosts are booted/removed with this command")
     ap.add_argument("--deprovision-seconds", type=float, default=0.0,
                     help="how long a pool's BareMetalHost stays deprovisioning before it is available again")
+    ap.add_argument("--workload", action="append", default=[], metavar="CLUSTER=URL,TOKEN_FILE[,CA_FILE]",
+                    help="a Kubernetes workload cluster's API: its Machines get Nodes there, drained on deletion")
     args = ap.parse_args(argv)
+    workloads = dict(parse_workload(spec) for spec in args.workload)
 
     tokens = {}
     if args.token_file:
@@ -91,7 +106,7 @@ def main(argv=None):
     controller = None
     if args.capi_controller:
         controller = CapiController(store, CommandProvisioner(args.capi_controller),
-                                    deprovision_seconds=args.deprovision_seconds).start()
+                                    deprovision_seconds=args.deprovision_seconds, workloads=workloads).start()
     print(f"capisim serving {sum(len(v) for v in store.objects.values())} objects on {sim.url}", flush=True)
     while not done.wait(5):
         if controller is not None and controller.errors:

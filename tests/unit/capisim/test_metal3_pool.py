@@ -267,3 +267,14 @@ def test_the_command_provisioner_boots_a_pools_host_with_the_bootstrap_data(tmp_
         ("bm-07", "10.99.1.7", 4, 8000)
     lines = seen.read_text().splitlines()
     assert lines[0].startswith("machine-boot bm-07 10.99.1.7 gpu /") and lines[1:] == ["600", "#cloud-config"]
+
+
+def test_a_workload_cluster_is_named_on_the_command_line(tmp_path):
+    from capisim.__main__ import parse_workload  # pylint: disable=import-outside-toplevel
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    cluster, workload = parse_workload("k8s=https://127.0.0.1:6444,%s" % token)
+    assert (cluster, workload.url, workload.token) == ("k8s", "https://127.0.0.1:6444", "s3cret")
+    for bad in ("k8s", "k8s=127.0.0.1:6444,%s" % token, "=https://x,%s" % token, "k8s=https://x"):
+        with pytest.raises(SystemExit, match="expected CLUSTER=URL,TOKEN_FILE"):
+            parse_workload(bad)
