@@ -64,12 +64,12 @@ def test_converge_the_second_cluster_without_touching_the_first(lab):
     before = (main_pid(ONE["ctl"], "slurmctld"), main_pid(ONE["cn"], "slurmd"), main_pid(ONE["cn"], "munge"))
     res = lab.playbook("site.yml", NO_NFS, "converged_cluster=tlab-2")
     assert res.returncode == 0, res.stdout[-3000:]
-    # the first cluster's hosts were only sorted by the contract (on the Ansible controller): no task
-    # ran on them, and nothing changed
+    # the first cluster's hosts were only sorted by the contract (once, on the Ansible controller): no
+    # task ran on them (they are not even in the recap), and nothing changed
     for host in (ONE["ctl"], ONE["cn"]):
         assert not re.search(r"^(ok|changed|fatal): \[%s\]" % host, res.stdout, re.M), host
         recap = [line for line in res.stdout.splitlines() if line.startswith(host + " ")]
-        assert recap and " changed=0 " in recap[-1], recap
+        assert not recap or " changed=0 " in recap[-1], recap
     assert nodes(TWO["ctl"]) == [TWO["cn"], "idle"]
     assert nodes(ONE["ctl"]) == [ONE["cn"], "idle"]
     assert (main_pid(ONE["ctl"], "slurmctld"), main_pid(ONE["cn"], "slurmd"), main_pid(ONE["cn"], "munge")) == before
