@@ -72,14 +72,17 @@ def bare_metal_selector(cluster, node_type):
     return selector
 
 
-def bare_metal_objects(cluster, count, gpu, subnet, cpus, ram_mib):
-    """The pool: registered, inspected, available hosts, and a Metal3MachineTemplate per node type."""
+def bare_metal_objects(cluster, count, gpu, subnet, cpus, ram_mib, kubernetes_gpu=0):
+    """The pool: registered, inspected, available hosts, and a Metal3MachineTemplate per node type.
+    kubernetes_gpu: how many of the GPU hosts (the last ones) are given to the Kubernetes workers."""
     docs = []
     for index in range(1, count + 1):
         name = "%s-bm-%02d" % (cluster, index)
         address = "%s.%d" % (subnet, 100 + index)
-        # a GPU host starts on the gpu side, the others on the compute side
-        labels = {"gpu": "true", POOL_LABEL_KEY: cluster + "-gpu"} if index <= gpu \
+        # a GPU host starts on the gpu side (or the Kubernetes GPU workers'), the others on the compute side;
+        # its GPUs counted as GPU feature discovery labels them (the workload Node's nvidia.com/gpu)
+        side = cluster + ("-k8s-gpu" if gpu - kubernetes_gpu < index <= gpu else "-gpu")
+        labels = {"gpu": "true", "nvidia.com/gpu.count": "2", POOL_LABEL_KEY: side} if index <= gpu \
             else {POOL_LABEL_KEY: cluster + "-compute"}
         docs.append({
             "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
@@ -91,16 +94,53 @@ def bare_metal_objects(cluster, count, gpu, subnet, cpus, ram_mib):
                                     "hostname": name,
                                     "nics": [{"name": "eth0", "ip": address, "mac": mac(name), "speedGbps": 10}]}}})
     for node_type in sorted(BARE_METAL_SELECTORS):
-        selector = bare_metal_selector(cluster, node_type)
-        docs.append({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3MachineTemplate",
-            "metadata": {"name": "%s-%s" % (cluster, node_type), "namespace": NS},
+        docs.append(metal3_template("%s-%s" % (cluster, node_type), bare_metal_selector(cluster, node_type),
+                                    node_type))
+    return docs
+
+
+def metal3_template(name, selector, image):
+    return {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3MachineTemplate",
+            "metadata": {"name": name, "namespace": NS},
             "spec": {"template": {"spec": {
                 "hostSelector": selector, "automatedCleaningMode": "metadata",
-                "image": {"url": "http://images.lab.invalid/%s.qcow2" % node_type,
-                          "checksum": "http://images.lab.invalid/%s.qcow2.sha256sum" % node_type,
-                          "checksumType": "sha256", "diskFormat": "qcow2"}}}}})
-    return docs
+                "image": {"url": "http://images.lab.invalid/%s.qcow2" % image,
+                          "checksum": "http://images.lab.invalid/%s.qcow2.sha256sum" % image,
+                          "checksumType": "sha256", "diskFormat": "qcow2"}}}}}
+
+
+KUBERNETES_NODE_TYPE = "kubernetes"
+
+
+def kubernetes_objects(cluster, replicas):
+    """A Kubernetes workload cluster on the same pool (<cluster>-k8s): a MachineDeployment of GPU workers
+    (<cluster>-k8s-gpu, node type kubernetes) whose template claims the GPU hosts given to it. Its Machines
+    get a Node in the workload cluster's API (capisim --workload), not a place in Slurm."""
+    name, md = cluster + "-k8s", cluster + "-k8s-gpu"
+    selector = {"cluster.x-k8s.io/cluster-name": name, "cluster.x-k8s.io/deployment-name": md}
+    host_selector = {"matchLabels": {"gpu": "true", POOL_LABEL_KEY: md}}
+    return [
+        {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": {"name": name, "namespace": NS},
+         "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Cluster",
+                                        "name": name}},
+         "status": {"phase": "Provisioned"}},
+        {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+         "metadata": {"name": md, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": name}},
+         "spec": {"clusterName": name, "replicas": replicas, "selector": {"matchLabels": selector},
+                  "template": {"metadata": {"labels": dict(selector, **{"node-type": KUBERNETES_NODE_TYPE})},
+                               "spec": {"clusterName": name, "version": "v1.33.4",
+                                        "bootstrap": {"dataSecretName": md},
+                                        "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                                              "kind": "Metal3MachineTemplate", "name": md}}}},
+         "status": {"replicas": 0}},
+        {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
+         "metadata": {"name": md + "-7f9c4", "namespace": NS, "labels": dict(selector),
+                      "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+                                           "name": md, "uid": "", "controller": True}]},
+         "spec": {"clusterName": name, "replicas": replicas,
+                  "selector": {"matchLabels": dict(selector, **{"cluster.x-k8s.io/set-name": md + "-7f9c4"})}},
+         "status": {"replicas": 0}},
+        metal3_template(md, host_selector, "kubernetes-worker")]
 
 
 # node types that get a MachineDeployment even with no machine (LAB_COMPUTE=0): the
@@ -229,6 +269,8 @@ def main():
     ap.add_argument("--bare-metal-gpu", type=int, default=0, help="how many of them are labelled gpu=true")
     ap.add_argument("--subnet", default="10.89.50", help="the lab network's first three octets")
     ap.add_argument("--replicas", default="", help="compute=N,gpu=N: the pool's MachineDeployments' replicas")
+    ap.add_argument("--kubernetes-gpu", type=int, default=0,
+                    help="a Kubernetes workload cluster <cluster>-k8s with this many GPU workers from the pool")
     ap.add_argument("--munge-key-file", help="also serve this munge key as Secret metal3/munge-key")
     ap.add_argument("--slurmdbd-password-file",
                     help="also serve this password as Secret metal3/slurmdbd (key password)")
@@ -244,7 +286,9 @@ def main():
                        replicas)
         if args.bare_metal:
             docs.extend(bare_metal_objects(args.cluster, args.bare_metal, args.bare_metal_gpu, args.subnet,
-                                           args.cpus, args.ram_mib))
+                                           args.cpus, args.ram_mib, args.kubernetes_gpu))
+            if args.kubernetes_gpu:
+                docs.extend(kubernetes_objects(args.cluster, args.kubernetes_gpu))
     else:
         docs = []
         for index in range(args.clusters):

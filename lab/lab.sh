@@ -100,12 +100,16 @@ validate_conf() {
     || die "LAB_BARE_METAL='$LAB_BARE_METAL' must be an integer 0-40"
   [[ "$LAB_BARE_METAL_GPU" =~ ^[0-9]+$ && "$LAB_BARE_METAL_GPU" -le "$LAB_BARE_METAL" ]] \
     || die "LAB_BARE_METAL_GPU='$LAB_BARE_METAL_GPU' must be an integer 0-LAB_BARE_METAL ($LAB_BARE_METAL)"
+  [[ "$LAB_KUBERNETES_GPU" =~ ^[0-9]+$ ]] || die "LAB_KUBERNETES_GPU='$LAB_KUBERNETES_GPU' must be an integer"
+  (( LAB_KUBERNETES_GPU == 0 || LAB_BARE_METAL > 0 )) \
+    || die "LAB_KUBERNETES_GPU=$LAB_KUBERNETES_GPU Kubernetes workers take their hosts from the pool: set LAB_BARE_METAL"
   [[ "$LAB_DEPROVISION_SECONDS" =~ ^[0-9]+(\.[0-9]+)?$ ]] \
     || die "LAB_DEPROVISION_SECONDS='$LAB_DEPROVISION_SECONDS' must be a number of seconds"
   if (( LAB_BARE_METAL > 0 )); then
     (( LAB_COMPUTE <= LAB_BARE_METAL - LAB_BARE_METAL_GPU )) || die "LAB_COMPUTE=$LAB_COMPUTE compute machines" \
       "need as many hosts without a GPU in the pool: LAB_BARE_METAL=$LAB_BARE_METAL has $((LAB_BARE_METAL - LAB_BARE_METAL_GPU))"
-    (( LAB_GPU <= LAB_BARE_METAL_GPU )) || die "LAB_GPU=$LAB_GPU GPU machines need as many GPU hosts in the pool:" \
+    (( LAB_GPU + LAB_KUBERNETES_GPU <= LAB_BARE_METAL_GPU )) || die "LAB_GPU=$LAB_GPU GPU machines and" \
+      "LAB_KUBERNETES_GPU=$LAB_KUBERNETES_GPU Kubernetes GPU workers need as many GPU hosts in the pool:" \
       "LAB_BARE_METAL_GPU=$LAB_BARE_METAL_GPU"
   fi
   [[ -z "$LAB_POOLS" || "$LAB_POOLS" =~ ^[a-z][a-z0-9-]*(,[a-z][a-z0-9-]*)*$ ]] \
@@ -413,8 +417,13 @@ cmd_sim() {
     --cluster "$LAB_NAME" --clusters "$LAB_CLUSTERS" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB" --pools "$LAB_POOLS" \
     --munge-key-file "$dir/munge.key" --slurmdbd-password-file "$dir/slurmdbd.pw" \
     --bare-metal "$LAB_BARE_METAL" --bare-metal-gpu "$LAB_BARE_METAL_GPU" --subnet "$LAB_SUBNET_PREFIX" \
-    --replicas "compute=$LAB_COMPUTE,gpu=$LAB_GPU")
+    --replicas "compute=$LAB_COMPUTE,gpu=$LAB_GPU" --kubernetes-gpu "$LAB_KUBERNETES_GPU")
   cmd_sim_stop quiet
+  local workload=()
+  if (( LAB_KUBERNETES_GPU > 0 )); then
+    start_workload_api
+    workload=(--workload "$LAB_NAME-k8s=$(cat "$dir/workload/url"),$dir/workload/token,$dir/workload/ca.crt")
+  fi
   # The simulator's CAPI controller boots and removes lab machines with lab/machines.py.
   export LAB_NAME LAB_SUITE LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_LOGIN LAB_GPU LAB_HIGHMEM LAB_SUBNET_PREFIX LAB_CPUS LAB_RAM_MIB LAB_STATE \
     LAB_MUNGE_KEY_SOURCE LAB_CLUSTERS LAB_HA \
@@ -422,7 +431,7 @@ cmd_sim() {
   PYTHONPATH="$LAB_DIR" nohup python3 -m capisim --bind 127.0.0.1 --port "$API_PORT" \
     --objects "$dir/objects.yaml" --token-file "$dir/token" --pid-file "$dir/sim.pid" \
     --capi-controller "python3 $LAB_DIR/machines.py" --deprovision-seconds "$LAB_DEPROVISION_SECONDS" \
-    >"$STATE/logs/capisim.log" 2>&1 &
+    "${workload[@]}" >"$STATE/logs/capisim.log" 2>&1 &
   local deadline=$(( $(date +%s) + 15 ))
   until python3 - "$API_PORT" "$dir/token" <<'PY' 2>/dev/null
 import sys, urllib.request
@@ -470,6 +479,12 @@ EOF
   printf '%s\n' "# Written by lab/lab.sh: the running lab's facts (lab/group_vars.yml uses them)." \
     "lab_name: $LAB_NAME" "lab_state: $STATE" "lab_subnet: $LAB_SUBNET_PREFIX.0/24" \
     "lab_munge_key_source: $LAB_MUNGE_KEY_SOURCE" "lab_directory: $directory" >"$STATE/group_vars/all/lab.yml"
+  if (( LAB_KUBERNETES_GPU > 0 )); then
+    printf '%s\n' "# Written by lab/lab.sh (LAB_KUBERNETES_GPU): the Kubernetes workload cluster on the same pool." \
+      "converged_rebalance_workload_kubeconfig: $dir/workload/kubeconfig" \
+      "converged_rebalance_pairs:" "  - {slurm: $LAB_NAME-gpu, kubernetes: $LAB_NAME-k8s-gpu, partition: gpu, resource: nvidia.com/gpu}" \
+      >"$STATE/group_vars/all/rebalance.yml"
+  fi
   if [[ "$LAB_HA" == 1 ]]; then
     # docs/ha.md: the controllers' shared volume stands in for the NFS mount of the state
     printf '%s\n' "# Written by lab/lab.sh (LAB_HA=1): controller high availability." \
@@ -486,8 +501,8 @@ EOF
 # boot them; wait until every one is Provisioned.
 wait_bare_metal() {
   local t0; t0=$(date +%s%N)
-  say "claiming $((LAB_COMPUTE + LAB_GPU)) of the $LAB_BARE_METAL bare-metal hosts and booting them"
-  python3 - "$API_PORT" "$STATE/capi/token" "$LAB_NAME" "$((LAB_COMPUTE + LAB_GPU))" <<'PY' \
+  say "claiming $((LAB_COMPUTE + LAB_GPU + LAB_KUBERNETES_GPU)) of the $LAB_BARE_METAL bare-metal hosts and booting them"
+  python3 - "$API_PORT" "$STATE/capi/token" "$LAB_NAME" "$((LAB_COMPUTE + LAB_GPU + LAB_KUBERNETES_GPU))" <<'PY' \
     || die_with_log "booting the bare-metal pool's hosts" "$STATE/logs/capisim.log"
 import json, sys, time, urllib.request
 port, token, cluster, want = sys.argv[1], open(sys.argv[2]).read().strip(), sys.argv[3], int(sys.argv[4])
@@ -497,15 +512,44 @@ while True:
     req = urllib.request.Request(url, headers={"Authorization": "Bearer " + token})
     items = json.load(urllib.request.urlopen(req, timeout=5))["items"]
     pool = [m for m in items if m["metadata"]["labels"].get("cluster.x-k8s.io/deployment-name")
-            in ("%s-compute" % cluster, "%s-gpu" % cluster)]
-    done = [m for m in pool if (m.get("status") or {}).get("phase") == "Provisioned"]
+            in ("%s-compute" % cluster, "%s-gpu" % cluster, "%s-k8s-gpu" % cluster)]
+    done = [m for m in pool if (m.get("status") or {}).get("phase") in ("Provisioned", "Running")]
     if len(done) >= want:
         sys.exit(0)
     if time.time() > deadline:
         sys.exit("only %d of %d Machines Provisioned after 300 s" % (len(done), want))
     time.sleep(1)
 PY
-  say "$((LAB_COMPUTE + LAB_GPU)) bare-metal hosts claimed and booted in $(elapsed "$t0") s"
+  say "$((LAB_COMPUTE + LAB_GPU + LAB_KUBERNETES_GPU)) bare-metal hosts claimed and booted in $(elapsed "$t0") s"
+}
+
+# The Kubernetes workload cluster's API (LAB_KUBERNETES_GPU): a real kube-apiserver and etcd from
+# $KUBEBUILDER_ASSETS (make kube-assets), on loopback, its address, CA and token in capi/workload/.
+start_workload_api() {
+  local wdir="$STATE/capi/workload" t0; t0=$(date +%s%N)
+  [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/kube-apiserver" && -x "$KUBEBUILDER_ASSETS/etcd" ]] \
+    || die "LAB_KUBERNETES_GPU needs a kube-apiserver and etcd in \$KUBEBUILDER_ASSETS ('${KUBEBUILDER_ASSETS:-}'): run 'make kube-assets'"
+  workload_api_stop
+  rm -rf "$wdir"; mkdir -p "$wdir"; chmod 0700 "$wdir"
+  nohup python3 "$REPO_DIR/tests/kubeapi.py" serve "$wdir" >"$STATE/logs/workload-api.log" 2>&1 &
+  echo $! >"$STATE/capi/workload.pid"
+  local deadline=$(( $(date +%s) + 120 ))
+  until [[ -s "$wdir/url" ]]; do
+    kill -0 "$(cat "$STATE/capi/workload.pid")" 2>/dev/null && (( $(date +%s) < deadline )) \
+      || die_with_log "starting the workload cluster's kube-apiserver" "$STATE/logs/workload-api.log"
+    sleep 0.3
+  done
+  say "the Kubernetes workload cluster's API (kube-apiserver) on $(cat "$wdir/url") in $(elapsed "$t0") s"
+}
+
+workload_api_stop() {
+  local pidfile="$STATE/capi/workload.pid"
+  if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    local pid; pid=$(cat "$pidfile")
+    kill "$pid"
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  rm -f "$pidfile"
 }
 
 cmd_sim_stop() {
@@ -631,6 +675,7 @@ cmd_status() {
 cmd_down() {
   cmd_events_stop
   cmd_sim_stop
+  workload_api_stop
   local names attempt
   # podman can stop a container and then fail to remove it while other labs start and stop
   # theirs (a container left Exited, its network then refused): ask again, three times

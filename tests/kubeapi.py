@@ -448,7 +448,7 @@ class KubeApiServer:
 
     def _install_crds(self, api, timeout):
         names, served = [], []
-        for path in sorted(glob.glob(os.path.join(self.crds, "*.yaml"))):
+        for path in sorted(glob.glob(os.path.join(self.crds, "*.yaml"))) if self.crds else []:
             for crd in read_yaml(path):
                 api.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
                 names.append(crd["metadata"]["name"])
@@ -519,9 +519,37 @@ def _sha256(path):
     return digest.hexdigest()
 
 
-if __name__ == "__main__":  # python3 tests/kubeapi.py prepare DIR
+def serve(workdir):
+    """A Kubernetes workload cluster's API for the lab (lab/lab.sh): the server started in workdir (no CRDs),
+    its address, CA and an admin token written there (url, ca.crt, token, kubeconfig); runs until SIGTERM."""
+    server = KubeApiServer(workdir, crds=None).start()
+    # no controller-manager makes the namespace's default ServiceAccount, which a Pod needs to be admitted
+    server.api().ok("POST", "/api/v1/namespaces/default/serviceaccounts",
+                    {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})
+    with open(os.path.join(workdir, "token"), "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(ADMIN_TOKEN + "\n")
+    with open(os.path.join(workdir, "kubeconfig"), "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": "workload",
+                        "clusters": [{"name": "workload", "cluster": {"server": server.url,
+                                                                      "certificate-authority": server.ca_cert}}],
+                        "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
+                        "contexts": [{"name": "workload", "context": {"cluster": "workload", "user": "admin"}}]}, fh)
+    with open(os.path.join(workdir, "url"), "w") as fh:
+        fh.write(server.url + "\n")  # last: its presence says the server is ready
+    stopped = []
+    signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+    while not stopped:
+        time.sleep(0.5)
+    server.stop()
+
+
+if __name__ == "__main__":  # python3 tests/kubeapi.py prepare DIR | serve DIR
     import sys
     if len(sys.argv) == 3 and sys.argv[1] == "prepare":
         print(prepare_assets(sys.argv[2]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "serve":
+        serve(sys.argv[2])
     else:
-        sys.exit("usage: python3 tests/kubeapi.py prepare DIR")
+        sys.exit("usage: python3 tests/kubeapi.py prepare DIR | serve DIR")
