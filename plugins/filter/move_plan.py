@@ -58,6 +58,20 @@ options:
     description: The host label the templates select a side by.
     type: str
     default: converged.hpc/pool
+  slurm_node_types:
+    description: The node types that are Slurm nodes (the contract's compute node types).
+    type: list
+    elements: str
+    default: []
+  hook:
+    description: Our deletion hook's annotation; a Slurm source Machine without it is refused (its host would be
+      deprovisioned under its jobs).
+    type: str
+    default: ""
+  node_type_label:
+    description: The MachineDeployment template's label that names the node type.
+    type: str
+    default: node-type
 """
 
 EXAMPLES = r"""
@@ -68,12 +82,14 @@ RETURN = r"""
 _value:
   description:
     - C(errors) - why the move cannot work (empty when it can).
-    - C(source), C(target) - C({namespace, name, replicas, desired}).
+    - C(source), C(target) - C({namespace, name, replicas, desired, node_type, slurm}).
     - C(hosts) - the BareMetalHosts moved; C(machines) - the source's Machines on them (to mark with
       C(cluster.x-k8s.io/delete-machine)); C(labels) - the label each host gets once it is available.
     - C(line) - one line saying what the move does.
   type: dict
 """
+
+import json
 
 from ansible.errors import AnsibleFilterError
 
@@ -183,7 +199,12 @@ def _candidates(namespace, source, hosts, machines):
     return sorted(out, key=lambda c: c[0]["metadata"]["name"])
 
 
-def move_plan(request, deployments, templates, hosts, machines, nodes=None, pool_label="converged.hpc/pool"):
+def _node_type(md, label):
+    return ((((md.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}).get(label, "")
+
+
+def move_plan(request, deployments, templates, hosts, machines, nodes=None, pool_label="converged.hpc/pool",
+              slurm_node_types=(), hook="", node_type_label="node-type"):
     """See DOCUMENTATION."""
     if not isinstance(request, dict):
         raise AnsibleFilterError("move_plan: the request must be a dict {from, to, count | hosts | label}, got %r"
@@ -239,6 +260,13 @@ def move_plan(request, deployments, templates, hosts, machines, nodes=None, pool
             errors.append("host %s labelled %s=%s would still be claimed by %s's hostSelector (%s): the source must "
                           "select its hosts by %s" % (host["metadata"]["name"], pool_label, request["to"],
                                                       request["from"], _selector(source_template), pool_label))
+    source_type, target_type = _node_type(source, node_type_label), _node_type(target, node_type_label)
+    if hook and source_type in slurm_node_types:
+        unhooked = [c[1]["metadata"]["name"] for c in chosen if hook not in (c[1]["metadata"].get("annotations") or {})]
+        if unhooked:
+            errors.append("the Machine(s) %s of %s lack our deletion hook %s: Cluster API would deprovision the host "
+                          "under its running jobs; converge them (site.yml or scale_up.yml puts the hook) and move "
+                          "again" % (", ".join(unhooked), request["from"], hook))
     moved = len(chosen)
     source_replicas = int((source.get("spec") or {}).get("replicas") or 0)
     target_replicas = int((target.get("spec") or {}).get("replicas") or 0)
@@ -263,15 +291,97 @@ def move_plan(request, deployments, templates, hosts, machines, nodes=None, pool
         hosts=[c[0]["metadata"]["name"] for c in chosen], machines=[c[1]["metadata"]["name"] for c in chosen],
         labels=labels,
         source={"namespace": namespace, "name": request["from"], "replicas": source_replicas,
-                "desired": source_replicas - moved},
+                "desired": source_replicas - moved, "node_type": source_type,
+                "slurm": source_type in slurm_node_types},
         target={"namespace": namespace, "name": request["to"], "replicas": target_replicas,
-                "desired": target_replicas + moved})
+                "desired": target_replicas + moved, "node_type": target_type,
+                "slurm": target_type in slurm_node_types})
     out["line"] = "move %s: %s %d -> %d, %s %d -> %d" % (
         ", ".join(out["hosts"]), request["from"], source_replicas, source_replicas - moved, request["to"],
         target_replicas, target_replicas + moved)
     return out
 
 
+def _replicas(md):
+    return int(((md or {}).get("spec") or {}).get("replicas") or 0)
+
+
+def move_progress(intent, deployments, hosts, machines, pool_label="converged.hpc/pool"):
+    """What a move (its intent, as move.yml writes it on the target) still has to do; see move_progress.yml."""
+    if not isinstance(intent, dict) or not all(k in intent for k in ("from", "to", "hosts", "source", "target")):
+        raise AnsibleFilterError("move_progress: not a move's intent: %r" % (intent,))
+    namespace = intent.get("namespace") or "metal3"
+    out = {"errors": [], "scale_source": False, "delete_machines": [], "waiting": {}, "to_label": [],
+           "labelled": [], "scale_target": False, "claimed": [], "unclaimed": [], "done": False}
+    sides = {}
+    for side, name in (("source", intent["from"]), ("target", intent["to"])):
+        md = _find(deployments, namespace, name)
+        if md is None:
+            out["errors"].append("the move's %s MachineDeployment %s/%s no longer exists" % (side, namespace, name))
+            continue
+        have, before, after = _replicas(md), int(intent[side]["replicas"]), int(intent[side]["desired"])
+        if have not in (before, after):
+            out["errors"].append("%s/%s has %d replicas, neither the %d the move found nor the %d it wants: it was "
+                                 "scaled meanwhile; scale it back to %d or %d and run again" % (
+                                     namespace, name, have, before, after, before, after))
+        sides[side] = (have, before, after)
+    if out["errors"]:
+        return out
+    out["scale_source"] = sides["source"][0] != sides["source"][2]
+    by_name = dict(((m["metadata"].get("namespace"), m["metadata"]["name"]), m) for m in machines)
+    out["delete_machines"] = [n for n in intent.get("machines") or []
+                              if (namespace, n) in by_name and not by_name[(namespace, n)]["metadata"].get(
+                                  "deletionTimestamp")]
+    # a host's consumerRef names the Metal3Machine, the Machine's infrastructureRef
+    target_machines = dict((((m.get("spec") or {}).get("infrastructureRef") or {}).get("name", m["metadata"]["name"]), m)
+                           for m in machines if m["metadata"].get("namespace") == namespace
+                           and (m["metadata"].get("labels") or {}).get("cluster.x-k8s.io/deployment-name")
+                           == intent["to"])
+    for name in intent["hosts"]:
+        host = _find(hosts, namespace, name)
+        if host is None:
+            out["errors"].append("the move's host %s/%s no longer exists" % (namespace, name))
+            continue
+        labels = host["metadata"].get("labels") or {}
+        state = ((host.get("status") or {}).get("provisioning") or {}).get("state", "")
+        consumer = ((host.get("spec") or {}).get("consumerRef") or {}).get("name")
+        if labels.get(pool_label) == intent["to"]:
+            out["labelled"].append(name)
+            machine = target_machines.get(consumer)
+            status = (machine or {}).get("status") or {}
+            if machine is not None and not machine["metadata"].get("deletionTimestamp") and (
+                    status.get("nodeRef") or status.get("phase") in ("Provisioned", "Running")):
+                out["claimed"].append(name)
+            else:
+                out["unclaimed"].append(name)
+        elif state in ("available", "ready") and not consumer:
+            out["to_label"].append(name)
+        else:
+            out["waiting"][name] = (state or "unknown") + (" (consumer %s)" % consumer if consumer else "")
+    out["scale_target"] = sides["target"][0] != sides["target"][2]
+    out["done"] = not out["errors"] and not out["scale_source"] and not out["scale_target"] \
+        and len(out["claimed"]) == len(intent["hosts"])
+    return out
+
+
+def move_pending(deployments, key="converged.hpc/move"):
+    """The move a run left unfinished: the note (key) on the first MachineDeployment that carries one, or {}."""
+    for md in sorted(deployments, key=lambda d: (d["metadata"].get("namespace", ""), d["metadata"]["name"])):
+        note = (md["metadata"].get("annotations") or {}).get(key)
+        if note is None:
+            continue
+        try:
+            intent = json.loads(note)
+        except ValueError:
+            intent = None
+        if not isinstance(intent, dict):
+            raise AnsibleFilterError("MachineDeployment %s/%s: its annotation %s is not a move's note (JSON): %r; "
+                                     "take it off by hand once the move it was is done"
+                                     % (md["metadata"].get("namespace"), md["metadata"]["name"], key, note))
+        return intent
+    return {}
+
+
 class FilterModule(object):
     def filters(self):
-        return {"move_plan": move_plan}
+        return {"move_plan": move_plan, "move_progress": move_progress, "move_pending": move_pending}

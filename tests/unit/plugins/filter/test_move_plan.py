@@ -1,9 +1,12 @@
 """move_plan: which hosts a move takes from one MachineDeployment to another, and every reason it cannot work,
 named before anything changes."""
 
+import json
+
 import pytest
 from ansible.errors import AnsibleFilterError
-from ansible_collections.converged.hpc.plugins.filter.move_plan import MAX_SIZE, MIN_SIZE, move_plan, selector_matches
+from ansible_collections.converged.hpc.plugins.filter.move_plan import (
+    MAX_SIZE, MIN_SIZE, move_pending, move_plan, move_progress, selector_matches)
 
 NS = "metal3"
 POOL = "converged.hpc/pool"
@@ -127,3 +130,100 @@ def test_selector_operators_as_capm3_builds_them(operator, labels, expected):
     values = ["true"] if operator in ("In", "NotIn") else []
     assert selector_matches({"matchExpressions": [{"key": "gpu", "operator": operator, "values": values}]},
                             labels) is expected
+
+
+def typed(deployment, node_type):
+    deployment["spec"]["template"]["metadata"] = {"labels": {"node-type": node_type}}
+    return deployment
+
+
+HOOK = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/converged-hpc"
+
+
+def test_a_slurm_source_machine_without_our_hook_is_refused(world):
+    deployments, templates, hosts, machines = world
+    typed(deployments[0], "gpu")
+    typed(deployments[1], "kubernetes")
+    machines[0]["metadata"]["annotations"] = {HOOK: ""}
+    out = move_plan({"from": "hpc-gpu", "to": "k8s-gpu", "count": 2}, deployments, templates, hosts, machines,
+                    slurm_node_types=["gpu", "compute"], hook=HOOK)
+    assert len(out["errors"]) == 1 and "hpc-gpu-bbbbb" in out["errors"][0] and HOOK in out["errors"][0]
+    assert "hpc-gpu-aaaaa" not in out["errors"][0]
+    out = move_plan({"from": "hpc-gpu", "to": "k8s-gpu", "hosts": ["bm-01"]}, deployments, templates, hosts,
+                    machines, slurm_node_types=["gpu", "compute"], hook=HOOK)
+    assert out["errors"] == []
+    assert out["source"]["slurm"] is True and out["source"]["node_type"] == "gpu"
+    assert out["target"]["slurm"] is False and out["target"]["node_type"] == "kubernetes"
+
+
+# ---------------------------------------------------------------- move_progress: what a move still has to do
+
+def intent(**over):
+    base = {"from": "hpc-gpu", "to": "k8s-gpu", "namespace": NS, "hosts": ["bm-01"], "machines": ["hpc-gpu-aaaaa"],
+            "source": {"replicas": 2, "desired": 1}, "target": {"replicas": 0, "desired": 1}}
+    base.update(over)
+    return base
+
+
+def state(h, value):
+    h["status"] = {"provisioning": {"state": value}}
+    return h
+
+
+def test_progress_before_anything_changed(world):
+    deployments, templates, hosts, machines = world
+    out = move_progress(intent(), deployments, hosts, machines)
+    assert out["errors"] == [] and out["scale_source"] and out["delete_machines"] == ["hpc-gpu-aaaaa"]
+    assert out["waiting"] == {"bm-01": "unknown (consumer hpc-gpu-aaaaa)"} and out["scale_target"] and not out["done"]
+
+
+def test_progress_after_the_source_let_go_then_labelled_then_claimed(world):
+    deployments, templates, hosts, machines = world
+    deployments[0]["spec"]["replicas"] = 1
+    machines[0]["metadata"]["deletionTimestamp"] = "2026-11-27T00:00:00Z"
+    state(hosts[0], "deprovisioning")
+    out = move_progress(intent(), deployments, hosts, machines)
+    assert not out["scale_source"] and out["delete_machines"] == []
+    assert out["waiting"] == {"bm-01": "deprovisioning (consumer hpc-gpu-aaaaa)"}
+    # deprovisioned: available, no consumer -> to label
+    del hosts[0]["spec"]["consumerRef"]
+    state(hosts[0], "available")
+    machines.pop(0)
+    out = move_progress(intent(), deployments, hosts, machines)
+    assert out["to_label"] == ["bm-01"] and out["waiting"] == {} and out["scale_target"]
+    # labelled and the target raised: unclaimed until the target's Machine is on it and booted
+    hosts[0]["metadata"]["labels"][POOL] = "k8s-gpu"
+    deployments[1]["spec"]["replicas"] = 1
+    out = move_progress(intent(), deployments, hosts, machines)
+    assert out["labelled"] == ["bm-01"] and out["unclaimed"] == ["bm-01"] and not out["scale_target"]
+    assert not out["done"]
+    worker = machine("k8s-gpu-zzzzz", "k8s-gpu", "bm-01")
+    worker["spec"]["infrastructureRef"]["name"] = "k8s-gpu-m3m-1"
+    worker["status"]["nodeRef"] = {"name": "bm-01"}
+    machines.append(worker)
+    hosts[0]["spec"]["consumerRef"] = {"kind": "Metal3Machine", "name": "k8s-gpu-m3m-1"}
+    out = move_progress(intent(), deployments, hosts, machines)
+    assert out["claimed"] == ["bm-01"] and out["done"]
+
+
+def test_progress_refuses_replicas_changed_meanwhile(world):
+    deployments, templates, hosts, machines = world
+    deployments[1]["spec"]["replicas"] = 3
+    out = move_progress(intent(), deployments, hosts, machines)
+    assert len(out["errors"]) == 1 and "k8s-gpu has 3 replicas" in out["errors"][0]
+    assert not out["done"] and not out["scale_source"]
+
+
+def test_progress_of_something_that_is_not_an_intent():
+    with pytest.raises(AnsibleFilterError, match="not a move's intent"):
+        move_progress({"from": "a"}, [], [], [])
+
+
+def test_the_pending_move_is_found_by_its_note(world):
+    deployments = world[0]
+    assert move_pending(deployments) == {}
+    deployments[1]["metadata"]["annotations"]["converged.hpc/move"] = json.dumps(intent())
+    assert move_pending(deployments) == intent()
+    deployments[1]["metadata"]["annotations"]["converged.hpc/move"] = "moving"
+    with pytest.raises(AnsibleFilterError, match="metal3/k8s-gpu: its annotation converged.hpc/move is not a move's"):
+        move_pending(deployments)
