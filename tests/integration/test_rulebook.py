@@ -173,3 +173,26 @@ def test_the_autoscale_rulebook_ticks_the_autoscaler_and_still_reconciles(world,
     assert {t["stamp"] for t in ticks} == {str(tmpdir / ("converged-hpc-tick-%d" % os.getuid()) / "autoscale")}
     machine_events = [e["capi_machines"] for e in lines if "capi_machines" in e]
     assert [m["name"] for m in machine_events[0]["machines"]] == ["cn-1"]
+
+
+def test_the_rebalance_rulebook_ticks_the_policy_and_still_reconciles(world, tmp_path, tmp_path_factory):
+    a_machine(world, "cn-2")
+    tmpdir = tmp_path_factory.mktemp("tmpdir")
+    env = {"K8S_AUTH_HOST": world.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN, "TMPDIR": str(tmpdir)}
+    proc, record = start(tmp_path, env, "rebalance", converged_rebalance_playbook=str(tmp_path / "record.yml"),
+                         converged_rebalance_interval=2)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            lines = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+            if sum("tick" in e for e in lines) >= 2 and any("capi_machines" in e for e in lines):
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.3)
+        else:
+            raise AssertionError("no ticks and Machine events after 90 s: %s" % stop(proc)[-3000:])
+    finally:
+        stop(proc)
+    ticks = [e["tick"] for e in lines if "tick" in e]
+    assert [t["index"] for t in ticks[:2]] == [0, 1] and {t["name"] for t in ticks} == {"rebalance"}
+    assert "cn-2" in [m["name"] for e in lines if "capi_machines" in e for m in e["capi_machines"]["machines"]]
