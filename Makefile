@@ -112,7 +112,9 @@ comma := ,
 E2E_ELASTIC := tests/e2e/test_elastic.py
 E2E_AUTOSCALE := tests/e2e/test_autoscale.py
 E2E_RELEASES := tests/e2e/test_releases.py
-E2E_OTHERS := $(filter-out $(E2E_ELASTIC) $(E2E_AUTOSCALE) $(E2E_RELEASES),$(sort $(wildcard tests/e2e/test_*.py)))
+# the pool shared with a Kubernetes workload cluster runs after the elastic lab, in its stream
+E2E_CONVERGED := tests/e2e/test_converged.py
+E2E_OTHERS := $(filter-out $(E2E_ELASTIC) $(E2E_AUTOSCALE) $(E2E_RELEASES) $(E2E_CONVERGED),$(sort $(wildcard tests/e2e/test_*.py)))
 E2E_RUN := $(PYTHON) -m pytest -q --durations=8
 # $(call beside,WHO,OTHERS,AFTER): the elastic lab in the background, and the autoscale lab followed
 # by the command AFTER (if any) in the background (their output in .lab/logs/e2e-elastic.log,
@@ -124,7 +126,7 @@ beside = set +e; \
 	$(2); others=$$?; \
 	wait $$elastic_pid; elastic=$$?; wait $$second_pid; \
 	autoscale=$$(cat .lab/logs/e2e-autoscale.rc); checks=$$(cat .lab/logs/checks.rc); \
-	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)):"; cat .lab/logs/e2e-elastic.log; \
+	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)), then the shared pool ($(E2E_CONVERGED)):"; cat .lab/logs/e2e-elastic.log; \
 	echo "[$(1)] the autoscale lab ($(E2E_AUTOSCALE)):"; cat .lab/logs/e2e-autoscale.log; \
 	$(if $(3),echo "[$(1)] after the autoscale lab$(comma) $(3):"; cat .lab/logs/checks.log;) \
 	echo "[$(1)] exit codes: $(2): $$others, the elastic lab: $$elastic, the autoscale lab: $$autoscale$(if $(3),$(comma) $(3): $$checks)"; \
@@ -134,8 +136,8 @@ e2e: dev-collection images
 	@mkdir -p .lab/logs
 	@$(call beside,e2e,$(MAKE) -s e2e-others,$(MAKE) -s e2e-releases)
 
-e2e-elastic: dev-collection images
-	$(E2E_RUN) $(E2E_ELASTIC)
+e2e-elastic: dev-collection images kube-assets
+	$(E2E_RUN) $(E2E_ELASTIC) $(E2E_CONVERGED)
 
 e2e-autoscale: dev-collection images
 	$(E2E_RUN) $(E2E_AUTOSCALE)
@@ -148,12 +150,12 @@ e2e-releases: dev-collection images
 	$(E2E_RUN) $(E2E_RELEASES)
 
 ## make test       everything CI runs (installs what is missing first): the lab images, then three
-##                 streams at once: the elastic lab; the autoscale lab, then pytest, lint and sanity,
+##                 streams at once: the elastic lab, then the shared pool lab; the autoscale lab, then pytest, lint and sanity,
 ##                 then the Slurm 22.05 lab and the cluster scenario on 22.05; the molecule scenarios,
 ##                 then the other labs (the first two streams' output is printed at the end, and kept
 ##                 in .lab/logs/)
 test: deps
-	$(MAKE) images dev-collection
+	$(MAKE) images dev-collection kube-assets
 	@mkdir -p .lab/logs
 	@$(call beside,test,$(MAKE) molecule e2e-others,$(MAKE) unit lint e2e-releases molecule-22.05)
 
