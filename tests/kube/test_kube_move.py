@@ -2,7 +2,8 @@
 real kube-apiserver and read back from the server: the move's note written on the target MachineDeployment
 and taken off again (tasks/move_note.yml, a merge patch whose null removes the key, the other annotations
 kept), a host labelled for the target (tasks/move_label.yml, its other labels kept, a second run changes
-nothing), and the workload cluster's Pods and Nodes read as rebalance.yml reads them."""
+nothing), the pool read as move.yml reads it (converged.hpc.pool_info), and the workload cluster's Pods and
+Nodes read as rebalance.yml reads them."""
 
 import json
 
@@ -34,6 +35,18 @@ PLAY = """
         move_label_namespace: {ns}
         move_label_hosts: [hpc-cn-05]
 
+    - name: The pool, as move.yml reads it (in Ansible's process)
+      converged.hpc.pool_info:
+        namespace: {ns}
+      register: pool
+
+    - name: Its compute Machines only, as move.yml waits for a target's
+      converged.hpc.pool_info:
+        namespace: {ns}
+        kinds: [machines]
+        machine_selector: cluster.x-k8s.io/deployment-name=hpc-compute
+      register: compute
+
     - name: The workload cluster's Pods, as rebalance.yml reads them
       kubernetes.core.k8s_info:
         kind: Pod
@@ -46,7 +59,12 @@ PLAY = """
 
     - name: Say what was read
       ansible.builtin.debug:
-        msg: "pods {{{{ pods.resources | length }}}}, nodes {{{{ nodes.resources | length }}}}"
+        msg: >-
+          pods {{{{ pods.resources | length }}}}, nodes {{{{ nodes.resources | length }}}}; pool
+          {{{{ pool.deployments | map(attribute='metadata.name') | sort | join(',') }}}} templates
+          {{{{ pool.templates | length }}}} hosts {{{{ pool.hosts | length }}}} machines {{{{ pool.machines | length }}}}
+          compute {{{{ compute.machines | length }}}} {{{{ compute.keys() | sort | join(',') }}}}
+          managedFields {{{{ pool.machines | selectattr('metadata.managedFields', 'defined') | list | length }}}}
 """
 
 
@@ -60,6 +78,11 @@ def test_the_note_and_the_label_on_a_real_server(kube, kube_ns, tmp_path):
     proc = playbook(kube, tmp_path, inv, play, "-e", "@" + str(tmp_path / "note.json"))
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "pods 0, nodes 0" in proc.stdout
+    # the fixture's 8 Machines (6 compute), their hosts; no Metal3MachineTemplate CRD on this server: none;
+    # asked for the compute Machines, only those
+    assert "pool hpc-compute,hpc-controller templates 0 hosts 8 machines 8 compute 6 changed,failed,machines" \
+        in proc.stdout, proc.stdout[-3000:]
+    assert "managedFields 0" in proc.stdout
     md = api.get(API, "machinedeployments", kube_ns, "hpc-compute")
     assert json.loads(md["metadata"]["annotations"][INTENT]) == NOTE
     assert md["metadata"]["annotations"]["site/owner"] == "hpc"
