@@ -223,7 +223,7 @@ def move_plan(request, deployments, templates, hosts, machines, nodes=None, pool
     if request.get("count") not in (None, ""):
         count = int(request["count"])
         # idle Slurm nodes first (a busy one moves after its jobs end), then by name
-        ordered = sorted(candidates, key=lambda c: (nodes.get(c[2], "idle").rstrip("*~#!%$@^-") != "idle",
+        ordered = sorted(candidates, key=lambda c: (str(nodes.get(c[2], "idle")).lower().rstrip("*~#!%$@^-") != "idle",
                                                     c[0]["metadata"]["name"]))
         chosen = ordered[:count]
         if len(chosen) < count:

@@ -62,6 +62,9 @@ def test_count_takes_idle_slurm_nodes_first(world):
     assert out["labels"] == {POOL: "k8s-gpu"}
     assert out["source"]["desired"] == 1 and out["target"]["desired"] == 1
     assert out["line"] == "move bm-02: hpc-gpu 2 -> 1, k8s-gpu 0 -> 1"
+    # the states as converged.hpc.slurm_queue gives them
+    out = plan(world, {"from": "hpc-gpu", "to": "k8s-gpu", "count": 1}, nodes={"bm-01": "ALLOCATED", "bm-02": "IDLE"})
+    assert out["hosts"] == ["bm-02"]
 
 
 def test_named_hosts_by_host_machine_or_node_name_and_a_label(world):
