@@ -17,7 +17,7 @@ export KUBEBUILDER_ASSETS := $(KUBE_ASSETS)
 endif
 endif
 
-.PHONY: help deps dev-collection kube-assets lab lab-scale lab-down lab-ping lab-status images unit lint sanity molecule molecule-22.05 e2e e2e-releases e2e-elastic e2e-autoscale e2e-others test build ee
+.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images unit lint sanity molecule molecule-22.05 e2e e2e-releases e2e-elastic e2e-autoscale e2e-others test build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -38,6 +38,16 @@ lab: dev-collection
 lab-scale: dev-collection
 	@test -n "$(N)" || { echo "usage: make lab-scale N=<replicas>"; exit 2; }
 	$(PYTHON) lab/scale.py $(N)
+
+## make lab-move FROM=<MachineDeployment> TO=<MachineDeployment> [COUNT=1 | HOSTS=a,b | LABEL=gpu=true]
+##                 move hosts of the lab's bare-metal pool (make lab LAB_BARE_METAL=1 LAB_BARE_METAL_GPU=1
+##                 LAB_GPU=0 LAB_KUBERNETES_GPU=1: the GPU host a Kubernetes worker), e.g. FROM=clab-k8s-gpu
+##                 TO=clab-gpu; make lab-rebalance moves idle hosts to where jobs or Pods wait (DRY_RUN=1: say only)
+lab-move: dev-collection
+	lab/lab.sh move "$(FROM)" "$(TO)" $(if $(HOSTS),HOSTS=$(HOSTS),$(if $(LABEL),LABEL=$(LABEL),COUNT=$(or $(COUNT),1)))
+
+lab-rebalance: dev-collection
+	lab/lab.sh rebalance $(if $(DRY_RUN),-e converged_rebalance_dry_run=true)
 
 ## make lab-down   remove every container, network and volume of the lab
 lab-down:

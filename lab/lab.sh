@@ -12,6 +12,8 @@
 #   lab/lab.sh events            the event path: ansible-rulebook runs reconcile.yml on Machine events
 #                                (LAB_EVENTS_RULEBOOK=autoscale: and autoscale.yml every LAB_AUTOSCALE_INTERVAL s)
 #   lab/lab.sh events-stop       stop it
+#   lab/lab.sh move FROM TO [COUNT=N|HOSTS=a,b|LABEL=k=v]   move pool hosts between MachineDeployments (move.yml)
+#   lab/lab.sh rebalance [-e converged_rebalance_dry_run=true]   move idle hosts where work waits (rebalance.yml)
 #   lab/lab.sh status            list the lab's machines
 #   lab/lab.sh down              remove every container, network and volume of the lab
 #
@@ -625,6 +627,35 @@ cmd_events_stop() {
   rm -f "$pidfile"
 }
 
+# A lifecycle playbook through the lab's inventory, its full output in logs/NAME.log and what it
+# says (its messages, a failure) shown: run_shown NAME [ansible-playbook arguments...]
+run_shown() {
+  local name="$1" inv="$STATE/capi.capi_machines.yml" rc=0; shift
+  [[ -f "$inv" ]] || die "no CAPI inventory: run 'make lab' first"
+  mkdir -p "$STATE/logs"
+  ansible-playbook -i "$inv" "$REPO_DIR/playbooks/$name.yml" "$@" >"$STATE/logs/$name.log" 2>&1 || rc=$?
+  grep -E '^ *"msg"|^ *"(rebalance|move|moved) |^fatal|^failed' "$STATE/logs/$name.log" | sed 's/^ */  /' || true
+  (( rc == 0 )) || die "$name.yml failed (exit $rc): ${STATE#"$REPO_DIR"/}/logs/$name.log"
+  say "$name.yml done (log ${STATE#"$REPO_DIR"/}/logs/$name.log)"
+}
+
+# A move of the pool's hosts between two MachineDeployments (docs/converged.md), e.g.
+#   lab/lab.sh move clab-k8s-gpu clab-gpu COUNT=1 | HOSTS=clab-bm-01,... | LABEL=gpu=true
+cmd_move() {
+  local from="${1:-}" to="${2:-}" which="${3:-COUNT=1}"
+  [[ -n "$from" && -n "$to" && "$which" =~ ^(COUNT|HOSTS|LABEL)=.+ ]] || die "usage: make lab-move FROM=<MachineDeployment>" \
+    "TO=<MachineDeployment> [COUNT=1 | HOSTS=<host>,... | LABEL=<key>=<value>] (make lab LAB_BARE_METAL=... for a pool)"
+  local request
+  request=$(python3 -c 'import json, sys
+frm, to, which = sys.argv[1:]
+key, value = which.split("=", 1)
+move = {"from": frm, "to": to}
+move[key.lower()] = [h for h in value.split(",") if h] if key == "HOSTS" else (int(value) if value.isdigit() else value)
+print(json.dumps({"converged_move": move}))' "$from" "$to" "$which")
+  say "moving: ansible-playbook playbooks/move.yml -e '$request'"
+  run_shown move -e "$request"
+}
+
 # The main job: site.yml through the CAPI inventory, then validate.yml.
 cmd_converge() {
   local inv="$STATE/capi.capi_machines.yml" t0
@@ -719,9 +750,11 @@ case "${1:-}" in
   converge) cmd_converge ;;
   events) cmd_events ;;
   events-stop) cmd_events_stop ;;
+  move) shift; cmd_move "$@" ;;
+  rebalance) shift; run_shown rebalance "$@" ;;
   ping) cmd_ping ;;
   status) cmd_status ;;
   down) cmd_down ;;
   purge) cmd_purge ;;
-  *) sed -n '2,14p' "$0"; exit 2 ;;
+  *) sed -n '2,18p' "$0"; exit 2 ;;
 esac
