@@ -2,8 +2,8 @@
 real Slurm, the simulator's Cluster API and Metal3 controllers with a pool of one GPU BareMetalHost, and a
 real kube-apiserver as the workload cluster's API (its Node and Pods are real objects).
 
-The lab starts with the GPU host a Kubernetes worker (mlab-k8s-gpu) and Slurm's gpu partition empty
-(mlab-gpu at 0). Order matters (one lab, module scope): bad moves are refused with nothing changed; a
+The lab starts with the GPU host a Kubernetes worker (plab-k8s-gpu) and Slurm's gpu partition empty
+(plab-gpu at 0). Order matters (one lab, module scope): bad moves are refused with nothing changed; a
 GPU job waiting in Slurm brings the idle worker to Slurm (rebalance.yml, the policy) and runs on it;
 a Pending GPU Pod does not take the host while a job runs on it, and takes it once the job has ended;
 a move by hand killed between the scale-down and the scale-up is finished by the next run; a job
@@ -22,14 +22,14 @@ from kubernetes import client, config
 
 from labkit import REPO, Lab, has_podman, wait_for
 
-LAB = Lab("mlab", "10.89.83", 16483, ".lab/e2e-converged", LAB_COMPUTE="0", LAB_DIRECTORY="0", LAB_GPU="0",
+LAB = Lab("plab", "10.89.83", 16483, ".lab/e2e-converged", LAB_COMPUTE="0", LAB_DIRECTORY="0", LAB_GPU="0",
           LAB_BARE_METAL="1", LAB_BARE_METAL_GPU="1", LAB_KUBERNETES_GPU="1", LAB_DEPROVISION_SECONDS="3")
 STATE = LAB.state
 on = LAB.on
-CTL = "mlab-ctl-01"
-HOST = "mlab-bm-01"
+CTL = "plab-ctl-01"
+HOST = "plab-bm-01"
 NS, G, V = "metal3", "cluster.x-k8s.io", "v1beta2"
-SLURM_MD, KUBE_MD = "mlab-gpu", "mlab-k8s-gpu"
+SLURM_MD, KUBE_MD = "plab-gpu", "plab-k8s-gpu"
 POOL = "converged.hpc/pool"
 INTENT = "converged.hpc/move"
 PAIR = {"slurm": SLURM_MD, "kubernetes": KUBE_MD, "partition": "gpu", "resource": "nvidia.com/gpu", "cooldown": 0}
@@ -132,13 +132,13 @@ def test_the_host_starts_as_a_kubernetes_worker(world):
 def test_bad_moves_are_refused_before_any_change(world):
     before = world.snapshot()
     # a host without the hardware the target's node type selects (compute takes hosts without a GPU)
-    res = playbook("move.yml", json.dumps({"converged_move": {"from": KUBE_MD, "to": "mlab-compute", "count": 1}}))
+    res = playbook("move.yml", json.dumps({"converged_move": {"from": KUBE_MD, "to": "plab-compute", "count": 1}}))
     assert res.returncode != 0
-    assert "host %s labelled %s=mlab-compute is not one mlab-compute's hostSelector claims" % (HOST, POOL) \
+    assert "host %s labelled %s=plab-compute is not one plab-compute's hostSelector claims" % (HOST, POOL) \
         in res.stdout, res.stdout[-3000:]
-    unknown = {"converged_move": {"from": KUBE_MD, "to": SLURM_MD, "hosts": ["mlab-bm-09"]}}
+    unknown = {"converged_move": {"from": KUBE_MD, "to": SLURM_MD, "hosts": ["plab-bm-09"]}}
     res = playbook("move.yml", json.dumps(unknown))
-    assert res.returncode != 0 and "host mlab-bm-09 is not one of metal3/%s's (%s)" % (KUBE_MD, HOST) in res.stdout
+    assert res.returncode != 0 and "host plab-bm-09 is not one of metal3/%s's (%s)" % (KUBE_MD, HOST) in res.stdout
     res = playbook("rebalance.yml", json.dumps({"converged_rebalance_pairs": [dict(PAIR, partition="debug")]}))
     assert res.returncode != 0 and "Slurm has no partition 'debug'" in res.stdout, res.stdout[-3000:]
     assert world.snapshot() == before
