@@ -11,11 +11,10 @@ the source letting go, deprovisioning (the simulated Ironic cleaning: --deprovis
 - and the collection's part: the time to the job RUNNING (or to the end) less deprovisioning and the claim and
 boot (Metal3's and the machine's: a container here, Ironic's provisioning on real hardware).
 
-    python3 bench/move.py [--rounds 3] [--deprovision-seconds 5] [--join-at-boot] [--keep]
+    python3 bench/move.py [--rounds 3] [--deprovision-seconds 5] [--keep]
 
-With --join-at-boot the Slurm gpu MachineDeployment's hosts join Slurm at their first boot
-(playbooks/join_at_boot.yml, its template naming the Secret) and move.yml does not run scale_up.yml
-(converged_move_join: false).
+A GPU host joins Slurm through scale_up.yml: join at boot refuses node types that declare GRES (the
+controllers' gres.conf needs the node's line before it registers; docs/elastic.md).
 
 The reference work measured 184 s for Kubernetes -> Slurm on real hardware, 145.2 s of it Ironic's
 deprovisioning and 38.7 s provisioning from a prebuilt image: the lab's boot (a container) is not that.
@@ -59,7 +58,7 @@ def job_state(environ, job):
     return out or "DONE"
 
 
-def move(environ, source, target, to_slurm, join_at_boot=False):
+def move(environ, source, target, to_slurm):
     """One move.yml run; towards Slurm with a GPU job waiting, timed until it is RUNNING."""
     job = None
     if to_slurm:
@@ -69,8 +68,7 @@ def move(environ, source, target, to_slurm, join_at_boot=False):
     t0 = time.monotonic()
     proc = subprocess.Popen(["ansible-playbook", "-i", os.path.join(STATE, "capi.capi_machines.yml"),
                              "playbooks/move.yml", "-e",
-                             json.dumps({"converged_move": {"from": source, "to": target, "count": 1},
-                                         "converged_move_join": not join_at_boot})],
+                             json.dumps({"converged_move": {"from": source, "to": target, "count": 1}})],
                             cwd=REPO, env=environ, stdout=log, stderr=subprocess.STDOUT)
     running = None
     while proc.poll() is None or (job and running is None and time.monotonic() - t0 < 600):
@@ -95,14 +93,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deprovision-seconds", type=float, default=5)
     ap.add_argument("--keep", action="store_true", help="leave the lab up")
-    ap.add_argument("--join-at-boot", action="store_true",
-                    help="the host joins Slurm at its first boot (join_at_boot.yml) instead of by scale_up.yml")
     args = ap.parse_args()
     if not os.environ.get("KUBEBUILDER_ASSETS"):
         sys.exit("bench/move.py needs $KUBEBUILDER_ASSETS (make kube-assets) for the workload cluster's API")
     environ = env(args.deprovision_seconds)
-    if args.join_at_boot:  # Metal3 reports the memory installed, more than the OS shows (docs/slurm.md)
-        environ["LAB_RAM_MIB"] = "1048576"
     run(environ, "lab/lab.sh", "down")
     run(environ, "make", "-s", "dev-collection")
     t0 = time.monotonic()
@@ -112,19 +106,10 @@ def main():
     print("lab up and converged in %.1f s (1 GPU host, a Kubernetes worker; deprovisioning %.1f s)"
           % (time.monotonic() - t0, args.deprovision_seconds))
     slurm, kube = NAME + "-gpu", NAME + "-k8s-gpu"
-    if args.join_at_boot:
-        run(environ, "ansible-playbook", "-i", os.path.join(STATE, "capi.capi_machines.yml"),
-            "playbooks/join_at_boot.yml", "-e", json.dumps({"converged_join_at_boot": [slurm]}))
-        run(environ, "python3", "-c", "import sys; from kubernetes import client, config; "
-            "client.CustomObjectsApi(config.new_client_from_config(sys.argv[1])).patch_namespaced_custom_object("
-            "'cluster.x-k8s.io', 'v1beta2', 'metal3', 'machinedeployments', sys.argv[2], {'spec': {'template': "
-            "{'spec': {'bootstrap': {'dataSecretName': sys.argv[2] + '-join'}}}}})",
-            os.path.join(STATE, "capi", "kubeconfig"), slurm)
-        print("the Slurm gpu MachineDeployment's hosts join Slurm at their first boot (%s-join)" % slurm)
     rows = []
     try:
         for dummy in range(args.rounds):
-            rows.append(move(environ, kube, slurm, True, args.join_at_boot))
+            rows.append(move(environ, kube, slurm, True))
             rows.append(move(environ, slurm, kube, False))
     finally:
         if not args.keep:
