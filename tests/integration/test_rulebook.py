@@ -147,26 +147,31 @@ def test_events_reach_awx_as_signed_webhooks_one_job_per_burst(world, tmp_path, 
     assert key not in out
 
 
-def test_the_autoscale_rulebook_ticks_the_autoscaler_and_still_reconciles(world, tmp_path, tmp_path_factory):
-    a_machine(world, "cn-1")
+def ticks_and_events(world, tmp_path, tmp_path_factory, rulebook, ticks_wanted):
+    """Run a ticking rulebook (autoscale, rebalance) until it has run its playbook on ticks_wanted ticks and on
+    a Machine event; every event it ran the playbook with."""
     # TMPDIR: the tick source's stamp is per user and source name; this test's stays apart from a lab's
     # (not under tmp_path: ansible-rulebook copies its working directory into TMPDIR)
     tmpdir = tmp_path_factory.mktemp("tmpdir")
     env = {"K8S_AUTH_HOST": world.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN, "TMPDIR": str(tmpdir)}
-    proc, record = start(tmp_path, env, "autoscale", converged_autoscale_playbook=str(tmp_path / "record.yml"),
-                         converged_autoscale_interval=2)
+    proc, record = start(tmp_path, env, rulebook, **{"converged_%s_playbook" % rulebook: str(tmp_path / "record.yml"),
+                                                     "converged_%s_interval" % rulebook: 2})
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             lines = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
-            if sum("tick" in e for e in lines) >= 3 and any("capi_machines" in e for e in lines):
-                break
+            if sum("tick" in e for e in lines) >= ticks_wanted and any("capi_machines" in e for e in lines):
+                return lines, tmpdir
             assert proc.poll() is None, proc.stdout.read()
             time.sleep(0.3)
-        else:
-            raise AssertionError("no ticks and Machine events after 90 s: %s" % stop(proc)[-3000:])
+        raise AssertionError("no ticks and Machine events after 90 s: %s" % stop(proc)[-3000:])
     finally:
         stop(proc)
+
+
+def test_the_autoscale_rulebook_ticks_the_autoscaler_and_still_reconciles(world, tmp_path, tmp_path_factory):
+    a_machine(world, "cn-1")
+    lines, tmpdir = ticks_and_events(world, tmp_path, tmp_path_factory, "autoscale", 3)
     ticks = [e["tick"] for e in lines if "tick" in e]
     assert [t["index"] for t in ticks[:3]] == [0, 1, 2] and {t["name"] for t in ticks} == {"autoscale"}
     # one stamp for the source (autoscale.yml records its full runs in it), emptied at its start
@@ -177,22 +182,7 @@ def test_the_autoscale_rulebook_ticks_the_autoscaler_and_still_reconciles(world,
 
 def test_the_rebalance_rulebook_ticks_the_policy_and_still_reconciles(world, tmp_path, tmp_path_factory):
     a_machine(world, "cn-2")
-    tmpdir = tmp_path_factory.mktemp("tmpdir")
-    env = {"K8S_AUTH_HOST": world.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN, "TMPDIR": str(tmpdir)}
-    proc, record = start(tmp_path, env, "rebalance", converged_rebalance_playbook=str(tmp_path / "record.yml"),
-                         converged_rebalance_interval=2)
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            lines = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
-            if sum("tick" in e for e in lines) >= 2 and any("capi_machines" in e for e in lines):
-                break
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.3)
-        else:
-            raise AssertionError("no ticks and Machine events after 90 s: %s" % stop(proc)[-3000:])
-    finally:
-        stop(proc)
+    lines, dummy = ticks_and_events(world, tmp_path, tmp_path_factory, "rebalance", 2)
     ticks = [e["tick"] for e in lines if "tick" in e]
     assert [t["index"] for t in ticks[:2]] == [0, 1] and {t["name"] for t in ticks} == {"rebalance"}
     assert "cn-2" in [m["name"] for e in lines if "capi_machines" in e for m in e["capi_machines"]["machines"]]
