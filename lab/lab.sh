@@ -544,24 +544,22 @@ start_workload_api() {
   say "the Kubernetes workload cluster's API (kube-apiserver) on $(cat "$wdir/url") in $(elapsed "$t0") s"
 }
 
+# Stop the process a pid file names and wait until it has gone (5 s at most; a new one may bind the same
+# port); the file removed. False when there was none to stop.
+stop_pidfile() {
+  local pid
+  [[ -f "$1" ]] && pid=$(cat "$1") && kill -0 "$pid" 2>/dev/null || { rm -f "$1"; return 1; }
+  kill "$pid"
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  rm -f "$1"
+}
+
 workload_api_stop() {
-  local pidfile="$STATE/capi/workload.pid"
-  if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-    local pid; pid=$(cat "$pidfile")
-    kill "$pid"
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  fi
-  rm -f "$pidfile"
+  stop_pidfile "$STATE/capi/workload.pid" || true
 }
 
 cmd_sim_stop() {
-  local pidfile="$STATE/capi/sim.pid"
-  if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-    local pid; pid=$(cat "$pidfile")
-    kill "$pid"
-    # A new simulator binds the same port: wait until this one has gone.
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    rm -f "$pidfile"
+  if stop_pidfile "$STATE/capi/sim.pid"; then
     [[ "${1:-}" == quiet ]] || say "stopped the management cluster simulator"
   fi
 }
