@@ -306,13 +306,15 @@ def _replicas(md):
     return int(((md or {}).get("spec") or {}).get("replicas") or 0)
 
 
-def move_progress(intent, deployments, hosts, machines, pool_label="converged.hpc/pool"):
-    """What a move (its intent, as move.yml writes it on the target) still has to do; see move_progress.yml."""
+def move_progress(intent, deployments, hosts, machines, pool_label="converged.hpc/pool", hook=None):
+    """What a move (its intent, as move.yml writes it on the target) still has to do; see move_progress.yml.
+    With C(hook) (our deletion hook's annotation), C(held) names the moving Machines that still carry it: a
+    Slurm node scale_down.yml has not released yet."""
     if not isinstance(intent, dict) or not all(k in intent for k in ("from", "to", "hosts", "source", "target")):
         raise AnsibleFilterError("move_progress: not a move's intent: %r" % (intent,))
     namespace = intent.get("namespace") or "metal3"
     out = {"errors": [], "scale_source": False, "delete_machines": [], "waiting": {}, "to_label": [],
-           "labelled": [], "scale_target": False, "claimed": [], "unclaimed": [], "done": False}
+           "labelled": [], "scale_target": False, "claimed": [], "unclaimed": [], "held": [], "done": False}
     sides = {}
     for side, name in (("source", intent["from"]), ("target", intent["to"])):
         md = _find(deployments, namespace, name)
@@ -332,6 +334,9 @@ def move_progress(intent, deployments, hosts, machines, pool_label="converged.hp
     out["delete_machines"] = [n for n in intent.get("machines") or []
                               if (namespace, n) in by_name and not by_name[(namespace, n)]["metadata"].get(
                                   "deletionTimestamp")]
+    if hook:
+        out["held"] = [n for n in intent.get("machines") or [] if (namespace, n) in by_name
+                       and hook in (by_name[(namespace, n)]["metadata"].get("annotations") or {})]
     # a host's consumerRef names the Metal3Machine, the Machine's infrastructureRef
     target_machines = dict((((m.get("spec") or {}).get("infrastructureRef") or {}).get("name", m["metadata"]["name"]), m)
                            for m in machines if m["metadata"].get("namespace") == namespace

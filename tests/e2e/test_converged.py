@@ -7,7 +7,8 @@ The lab starts with the GPU host a Kubernetes worker (plab-k8s-gpu) and Slurm's 
 GPU job waiting in Slurm brings the idle worker to Slurm (rebalance.yml, the policy) and runs on it;
 a Pending GPU Pod does not take the host while a job runs on it, and takes it once the job has ended;
 a move by hand killed between the scale-down and the scale-up is finished by the next run; a job
-running on a host asked to move keeps running to its end, and the host moves after.
+running on a host asked to move keeps running to its end, and the host moves after; a move killed either
+way is finished by reconcile.yml.
 """
 
 import json
@@ -188,19 +189,25 @@ def test_a_pending_pod_takes_the_host_only_once_its_job_has_ended(world):
     world.core.delete_namespaced_pod("train", "default", grace_period_seconds=0)
 
 
-def test_a_move_killed_between_scale_down_and_scale_up_is_finished_by_the_next_run(world):
+def killed_once_the_source_let_go(world, request, source_index, log_name):
+    """move.yml started with request and killed as soon as the source's replicas are lowered."""
     args = ["ansible-playbook", "-i", os.path.join(STATE, "capi.capi_machines.yml"), "playbooks/move.yml",
-            "-e", json.dumps({"converged_move": {"from": KUBE_MD, "to": SLURM_MD, "label": "gpu=true"}})]
-    with open(os.path.join(STATE, "logs", "move-killed.log"), "w") as log:
+            "-e", json.dumps({"converged_move": request})]
+    with open(os.path.join(STATE, "logs", log_name), "w") as log:
         proc = subprocess.Popen(args, cwd=REPO, env=LAB.env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
-            wait_for("the worker given back", lambda: world.replicas()[1] == 0 or proc.poll() is not None, 120,
-                     poll=0.2)
+            wait_for("the source giving its host back",
+                     lambda: world.replicas()[source_index] == 0 or proc.poll() is not None, 120, poll=0.2)
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert world.replicas() == (0, 0), "the run ended before it could be killed mid-way"
+
+
+def test_a_move_killed_between_scale_down_and_scale_up_is_finished_by_the_next_run(world):
+    killed_once_the_source_let_go(world, {"from": KUBE_MD, "to": SLURM_MD, "label": "gpu=true"}, 1,
+                                  "move-killed.log")
     assert json.loads(world.intent())["hosts"] == [HOST]
     res = playbook("move.yml")
     assert res.returncode == 0, res.stdout[-4000:]
@@ -221,3 +228,31 @@ def test_a_job_running_on_a_host_asked_to_move_ends_first(world):
     # the second run of the same request has nothing to move: the source has no host left
     again = playbook("move.yml", json.dumps({"converged_move": {"from": SLURM_MD, "to": KUBE_MD, "count": 1}}))
     assert again.returncode != 0 and "metal3/%s has 0 host(s) to move, 1 asked" % SLURM_MD in again.stdout
+
+
+def test_a_move_killed_either_way_is_finished_by_reconcile(world):
+    """The level-triggered reconcile (what the event path runs) finishes a move a run left: from Kubernetes
+    to Slurm the hosts are labelled and the target raised, and the next reconcile (the new Machine's events
+    start one) joins the node; from Slurm, the Machine still held by our hook is drained and released by the
+    same run's scale-down first."""
+    killed_once_the_source_let_go(world, {"from": KUBE_MD, "to": SLURM_MD, "count": 1}, 1, "move-killed-k8s.log")
+    res = playbook("reconcile.yml")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "reconcile: finishing the move a run left: move %s: %s 1 -> 0, %s 0 -> 1" % (
+        HOST, KUBE_MD, SLURM_MD) in res.stdout
+    assert world.replicas() == (1, 0) and world.side() == SLURM_MD and world.intent() is None
+    res = playbook("reconcile.yml")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert re.search(r"reconcile: join (?!none)", res.stdout), res.stdout[-4000:]
+    assert slurm_nodes() == [(HOST, "gpu", "idle")]
+
+    killed_once_the_source_let_go(world, {"from": SLURM_MD, "to": KUBE_MD, "count": 1}, 0, "move-killed-slurm.log")
+    res = playbook("reconcile.yml")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "reconcile: finishing the move a run left: move %s: %s 1 -> 0, %s 0 -> 1" % (
+        HOST, SLURM_MD, KUBE_MD) in res.stdout
+    assert world.replicas() == (0, 1) and world.side() == KUBE_MD and world.intent() is None
+    assert HOST in world.nodes() and slurm_nodes() == []
+    # nothing is left: the next reconcile has nothing to do
+    res = playbook("reconcile.yml")
+    assert res.returncode == 0 and "reconcile: nothing to do" in res.stdout, res.stdout[-4000:]

@@ -217,6 +217,21 @@ def test_progress_refuses_replicas_changed_meanwhile(world):
     assert not out["done"] and not out["scale_source"]
 
 
+def test_progress_names_the_moving_machines_our_hook_still_holds(world):
+    deployments, templates, hosts, machines = world
+    deployments[0]["spec"]["replicas"] = 1
+    machines[0]["metadata"]["deletionTimestamp"] = "2026-11-27T00:00:00Z"
+    machines[0]["metadata"]["annotations"] = {HOOK: "converged.hpc"}
+    machines[1]["metadata"]["annotations"] = {HOOK: "converged.hpc"}  # not moving: never named
+    assert move_progress(intent(), deployments, hosts, machines)["held"] == []  # no hook asked about
+    out = move_progress(intent(), deployments, hosts, machines, hook=HOOK)
+    assert out["held"] == ["hpc-gpu-aaaaa"] and not out["scale_source"]
+    del machines[0]["metadata"]["annotations"]  # scale_down.yml released it
+    assert move_progress(intent(), deployments, hosts, machines, hook=HOOK)["held"] == []
+    machines.pop(0)  # gone
+    assert move_progress(intent(), deployments, hosts, machines, hook=HOOK)["held"] == []
+
+
 def test_progress_of_something_that_is_not_an_intent():
     with pytest.raises(AnsibleFilterError, match="not a move's intent"):
         move_progress({"from": "a"}, [], [], [])
