@@ -16,15 +16,20 @@ import pytest
 import yaml
 
 from awx_receiver import Receiver
-from conftest import ADMIN_TOKEN, a_machine, ansible_env
+from conftest import ADMIN_TOKEN, REPO, a_machine, ansible_env
 
 pytestmark = pytest.mark.skipif(not shutil.which("ansible-rulebook") or not shutil.which("java"),
                                 reason="needs ansible-rulebook and a Java 17 runtime")
 
+# the limit ansible-rulebook gives (the ruleset's hosts) passes the lifecycle playbooks' check
 RECORD = """
 - hosts: localhost
   gather_facts: false
+  vars:
+    converged_limit_needs_localhost: true
   tasks:
+    - name: Check the limit as the lifecycle playbooks do
+      ansible.builtin.import_tasks: {limit_check}
     - name: Record the event
       ansible.builtin.lineinfile:
         path: "{path}"
@@ -36,7 +41,8 @@ RECORD = """
 
 def start(tmp_path, env_extra, rulebook="reconcile", **rulebook_vars):
     record = tmp_path / "events.jsonl"
-    (tmp_path / "record.yml").write_text(RECORD.format(path=record))
+    limit_check = os.path.join(REPO, "playbooks", "tasks", "limit_check.yml")
+    (tmp_path / "record.yml").write_text(RECORD.format(path=record, limit_check=limit_check))
     (tmp_path / "vars.yml").write_text(yaml.safe_dump(dict({
         "converged_capi_namespaces": ["metal3"], "converged_capi_window": 1,
         "converged_reconcile_playbook": str(tmp_path / "record.yml")}, **rulebook_vars)))

@@ -1,6 +1,7 @@
 """scale_up.yml under --limit, as AWX runs it for the new hosts: the new Machines are looked for among the
 limited compute hosts only, once for the cluster; the run also needs the controllers and localhost in the
-limit (the controllers' liveness and the Lease run there), and says so when they are left out. Slurm's
+limit (the controllers' liveness and the Lease run there), and says so when they are left out; every
+lifecycle playbook refuses, before anything runs, a limit without localhost. Slurm's
 node list comes from a stand-in `sinfo` on the controller (a local connection); the compute hosts are
 unreachable addresses (TEST-NET-1), so nothing is ever converged."""
 
@@ -41,18 +42,21 @@ def bed(tmp_path_factory):
     return root, inventory
 
 
-def scale_up(bed, limit):
+def run(bed, playbook, limit):
     root, inventory = bed
     env = ansible_env(PATH="%s:%s" % (root / "bin", os.environ["PATH"]))
-    proc = subprocess.run(["ansible-playbook", "-i", str(inventory), os.path.join(REPO, "playbooks", "scale_up.yml"),
+    return subprocess.run(["ansible-playbook", "-i", str(inventory), os.path.join(REPO, "playbooks", playbook),
                            "--limit", limit], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
                           check=False)
-    return proc.stdout
+
+
+def scale_up(bed, limit):
+    return run(bed, "scale_up.yml", limit).stdout
 
 
 @pytest.mark.parametrize("limit, new", [("cn2,converged_controller,localhost", "none"),
                                         ("cn3,converged_controller,localhost", "cn3"),
-                                        ("all", "cn3")])
+                                        ("all,localhost", "cn3")])
 def test_only_the_limited_compute_hosts_are_looked_at(bed, limit, new):
     out = scale_up(bed, limit)
     assert '"msg": "new to Slurm: %s"' % new in out, out[-3000:]
@@ -61,6 +65,22 @@ def test_only_the_limited_compute_hosts_are_looked_at(bed, limit, new):
 
 
 def test_a_limit_without_the_controllers_says_so(bed):
-    out = scale_up(bed, "cn3")
+    out = scale_up(bed, "cn3,localhost")
     assert "no Slurm controller answers (ctl)" in out, out[-3000:]
     assert "\"msg\": \"new to Slurm" not in out
+
+
+@pytest.mark.parametrize("playbook, limit", [("scale_up.yml", "cn3,converged_controller"), ("scale_up.yml", "all"),
+                                             ("scale_down.yml", "cn1"), ("reconcile.yml", "all"),
+                                             ("move.yml", "compute:controller"), ("rebalance.yml", "ctl"),
+                                             ("autoscale.yml", "!cn1")])
+def test_a_limit_without_localhost_is_refused_before_anything_runs(bed, playbook, limit):
+    """Ansible would skip the plays on localhost without a word (--limit all too: the implicit localhost is
+    not in all): the Lease, the hook, the replicas. The run stops first, naming the limit."""
+    proc = run(bed, playbook, limit)
+    assert proc.returncode != 0
+    assert "--limit %s leaves out localhost" % limit in proc.stdout, proc.stdout[-3000:]
+    assert "--limit '%s,localhost'" % limit in proc.stdout
+    # the refusal is the run's first task: nothing else ran
+    tasks = [line for line in proc.stdout.splitlines() if line.startswith("TASK [")]
+    assert len(tasks) == 1 and "Refuse a --limit that leaves out localhost" in tasks[0], tasks
