@@ -301,3 +301,16 @@ def test_a_job_sees_exactly_the_secrets_given(secret_types, tmp_path, munge, lda
                     output += fh.read()
     for secret in (MUNGE, LDAP, VRRP):
         assert secret not in output
+
+
+def test_the_documented_rotations_are_ones_the_playbook_takes():
+    with open(PLAYBOOK) as fh:
+        choices = re.search(r"awx_rotate_choices: \[([^\]]*)\]", fh.read()).group(1).replace(" ", "").split(",")
+    with open(os.path.join(REPO, "docs", "awx.md")) as fh:
+        docs = fh.read()
+    examples = re.findall(r'"converged_awx_rotate": (\[[^\]]*\])', docs)
+    assert examples, "docs/awx.md shows no rotation"
+    for example in examples:
+        assert set(json.loads(example)) <= set(choices + ["all"]), example
+    listed = re.search(r"`converged_awx_rotate` takes ((?:`\w+`,?\s*(?:or\s+)?)+)", docs.replace("\n", " ")).group(1)
+    assert set(re.findall(r"`(\w+)`", listed)) == set(choices + ["all"]), listed
