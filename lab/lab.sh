@@ -304,8 +304,29 @@ ensure_key() {
   chmod 0644 "$STATE/ssh/id_ed25519.pub"
 }
 
+# A lab killed uncleanly (its containers gone, its network removed or never written) can leave the
+# kernel bridge podman made for it, still holding the gateway address: podman then refuses the subnet
+# ("subnet ... is already used on the host"). Such a bridge - named podman*, no port on it, a subnet no
+# podman network claims - belongs to nobody and is removed; anything else holding the address is named.
+clear_stale_bridge() {
+  local dev claimed net
+  dev=$(ip -o -4 addr show 2>/dev/null | awk -v a="$LAB_SUBNET_PREFIX.1/24" '$4 == a {print $2; exit}')
+  [[ -n "$dev" ]] || return 0
+  for net in $(podman network ls -q); do
+    claimed=$(podman network inspect -f '{{range .Subnets}}{{.Subnet}} {{end}}' "$net" 2>/dev/null)
+    [[ " $claimed " == *" $LAB_SUBNET_PREFIX.0/24 "* ]] \
+      && die "subnet $LAB_SUBNET_PREFIX.0/24 is podman network $net's: set LAB_SUBNET_PREFIX to another"
+  done
+  if [[ "$dev" == podman* && -z "$(ip -o link show master "$dev" 2>/dev/null)" ]]; then
+    ip link delete "$dev" && say "removed $dev, a bridge a lab killed earlier left holding $LAB_SUBNET_PREFIX.1"
+  else
+    die "$LAB_SUBNET_PREFIX.1 is held by interface $dev, not a lab's: set LAB_SUBNET_PREFIX to another subnet"
+  fi
+}
+
 ensure_network() {
   if ! podman network exists "$NETWORK"; then
+    clear_stale_bridge
     podman network create --label "$LABEL=$LAB_NAME" --subnet "$LAB_SUBNET_PREFIX.0/24" \
       --gateway "$LAB_SUBNET_PREFIX.1" "$NETWORK" >/dev/null
     say "created network $NETWORK ($LAB_SUBNET_PREFIX.0/24)"
