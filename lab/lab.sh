@@ -310,7 +310,7 @@ ensure_key() {
 # podman network claims - belongs to nobody and is removed; anything else holding the address is named.
 clear_stale_bridge() {
   local dev claimed net
-  dev=$(ip -o -4 addr show 2>/dev/null | awk -v a="$LAB_SUBNET_PREFIX.1/24" '$4 == a {print $2; exit}')
+  dev=$(ip -o -4 addr show 2>/dev/null | awk -v a="$LAB_SUBNET_PREFIX.1/24" '$4 == a && !found {print $2; found = 1}' || true)
   [[ -n "$dev" ]] || return 0
   for net in $(podman network ls -q); do
     claimed=$(podman network inspect -f '{{range .Subnets}}{{.Subnet}} {{end}}' "$net" 2>/dev/null)
