@@ -230,27 +230,29 @@ def test_a_job_running_on_a_host_asked_to_move_ends_first(world):
     assert again.returncode != 0 and "metal3/%s has 0 host(s) to move, 1 asked" % SLURM_MD in again.stdout
 
 
+def finished_by_reconcile(world, source, target, source_index, log_name):
+    """One host's move from source to target killed once the source let go, then one reconcile.yml that
+    says it finishes it."""
+    killed_once_the_source_let_go(world, {"from": source, "to": target, "count": 1}, source_index, log_name)
+    res = playbook("reconcile.yml")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "reconcile: finishing the move a run left: move %s: %s 1 -> 0, %s 0 -> 1" % (
+        HOST, source, target) in res.stdout
+
+
 def test_a_move_killed_either_way_is_finished_by_reconcile(world):
     """The level-triggered reconcile (what the event path runs) finishes a move a run left: from Kubernetes
     to Slurm the hosts are labelled and the target raised, and the next reconcile (the new Machine's events
     start one) joins the node; from Slurm, the Machine still held by our hook is drained and released by the
     same run's scale-down first."""
-    killed_once_the_source_let_go(world, {"from": KUBE_MD, "to": SLURM_MD, "count": 1}, 1, "move-killed-k8s.log")
-    res = playbook("reconcile.yml")
-    assert res.returncode == 0, res.stdout[-4000:]
-    assert "reconcile: finishing the move a run left: move %s: %s 1 -> 0, %s 0 -> 1" % (
-        HOST, KUBE_MD, SLURM_MD) in res.stdout
+    finished_by_reconcile(world, KUBE_MD, SLURM_MD, 1, "move-killed-k8s.log")
     assert world.replicas() == (1, 0) and world.side() == SLURM_MD and world.intent() is None
     res = playbook("reconcile.yml")
     assert res.returncode == 0, res.stdout[-4000:]
     assert re.search(r"reconcile: join (?!none)", res.stdout), res.stdout[-4000:]
     assert slurm_nodes() == [(HOST, "gpu", "idle")]
 
-    killed_once_the_source_let_go(world, {"from": SLURM_MD, "to": KUBE_MD, "count": 1}, 0, "move-killed-slurm.log")
-    res = playbook("reconcile.yml")
-    assert res.returncode == 0, res.stdout[-4000:]
-    assert "reconcile: finishing the move a run left: move %s: %s 1 -> 0, %s 0 -> 1" % (
-        HOST, SLURM_MD, KUBE_MD) in res.stdout
+    finished_by_reconcile(world, SLURM_MD, KUBE_MD, 0, "move-killed-slurm.log")
     assert world.replicas() == (0, 1) and world.side() == KUBE_MD and world.intent() is None
     assert HOST in world.nodes() and slurm_nodes() == []
     # nothing is left: the next reconcile has nothing to do
