@@ -6,15 +6,13 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PYTHON ?= python3
 SCENARIOS ?= default cluster ha
 COLLECTION_LINK := .lab/collections/ansible_collections/converged/hpc
-# The real kube-apiserver tier (tests/kube, and the simulator's fidelity tests' second backend): the
-# envtest convention, kube-apiserver and etcd in $KUBEBUILDER_ASSETS. Unless it is set, `make
-# kube-assets` prepares .lab/kube-assets from ../shared/k8s/bin (and Debian's etcd) when that is there.
-SHARED_K8S_BIN := $(wildcard $(CURDIR)/../shared/k8s/bin/kube-apiserver-*.xz)
+# The real servers (tests/kube, the controllers' smoke test, the lab's workload cluster): the envtest
+# convention, kube-apiserver and etcd (and the Cluster API, CAPM3 and Bare Metal Operator managers) in
+# $KUBEBUILDER_ASSETS. Unless it is given, `make kube-assets` builds them from their Go modules
+# (kube-assets/: go.mod and go.sum only) into ~/.cache/converged-hpc and links them in .lab/kube-assets.
 KUBE_ASSETS := $(CURDIR)/.lab/kube-assets
 ifeq ($(origin KUBEBUILDER_ASSETS),undefined)
-ifneq ($(SHARED_K8S_BIN),)
 export KUBEBUILDER_ASSETS := $(KUBE_ASSETS)
-endif
 endif
 
 .PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images unit lint sanity molecule molecule-22.05 e2e e2e-releases e2e-elastic e2e-autoscale e2e-others test build ee
@@ -23,7 +21,7 @@ help:
 	@sed -n 's/^## //p' Makefile
 
 ## make lab        bring up the lab machines and run the main job end to end
-lab: dev-collection
+lab: dev-collection $(if $(filter-out 0,$(LAB_KUBERNETES_GPU)),kube-assets)
 	lab/lab.sh deps
 	lab/lab.sh up
 	lab/lab.sh directory
@@ -59,10 +57,10 @@ lab-status:
 ## make deps       install the Debian and Python packages the lab and tests need (when missing)
 deps:
 	lab/lab.sh deps
-	@# etcd for the real kube-apiserver tier (Debian's etcd-server; its own service is not needed)
-	@if ! command -v etcd >/dev/null || ! command -v xz >/dev/null; then \
-	  echo "[deps] apt-get install etcd-server xz-utils"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server xz-utils >/dev/null; \
+	@# etcd for the real servers (Debian's etcd-server; its own service is not needed)
+	@if ! command -v etcd >/dev/null; then \
+	  echo "[deps] apt-get install etcd-server"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; \
 	  systemctl disable --now etcd >/dev/null 2>&1 || true; \
 	fi
 	@if ! $(PYTHON) -c 'import pytest, testinfra, molecule, molecule_plugins, antsibull_changelog' 2>/dev/null \
@@ -82,15 +80,15 @@ images:
 	LAB_SUITE=bookworm lab/lab.sh image stock
 	LAB_SUITE=bookworm lab/lab.sh image prebaked
 
-## make kube-assets  kube-apiserver (from ../shared/k8s/bin, its sum checked) and etcd in .lab/kube-assets
+## make kube-assets  build kube-apiserver, the Cluster API, CAPM3 and Bare Metal Operator managers from
+##                 their Go modules (cached by version: minutes cold, seconds after), link them and etcd
+##                 in .lab/kube-assets ($$KUBEBUILDER_ASSETS)
 kube-assets:
-	@if [ -n "$(SHARED_K8S_BIN)" ] && [ "$${KUBEBUILDER_ASSETS:-}" = "$(KUBE_ASSETS)" ]; then \
-	  $(PYTHON) tests/kubeapi.py prepare $(KUBE_ASSETS) >/dev/null && echo "[kube-assets] $(KUBE_ASSETS)"; \
-	elif [ -n "$${KUBEBUILDER_ASSETS:-}" ]; then echo "[kube-assets] KUBEBUILDER_ASSETS=$$KUBEBUILDER_ASSETS (given)"; \
-	else echo "[kube-assets] no ../shared/k8s/bin and no KUBEBUILDER_ASSETS: the real kube-apiserver tier is skipped"; fi
+	@if [ "$$KUBEBUILDER_ASSETS" = "$(KUBE_ASSETS)" ]; then kube-assets/build.sh "$(KUBE_ASSETS)"; \
+	else echo "[kube-assets] KUBEBUILDER_ASSETS=$$KUBEBUILDER_ASSETS (given: nothing built)"; fi
 
-## make unit       unit and integration tests (pytest) against the simulator and, with
-##                 $$KUBEBUILDER_ASSETS (make kube-assets), a real kube-apiserver (tests/kube)
+## make unit       unit and integration tests (pytest) against the simulator and the real servers
+##                 make kube-assets builds (tests/kube: kube-apiserver, and the controllers' smoke test)
 unit: dev-collection kube-assets
 	$(PYTHON) -m pytest -q tests/unit tests/integration tests/kube
 
@@ -159,14 +157,17 @@ e2e-others: dev-collection images
 e2e-releases: dev-collection images
 	$(E2E_RUN) $(E2E_RELEASES)
 
-## make test       everything CI runs (installs what is missing first): the lab images, then three
+## make test       everything CI runs (installs what is missing first): the real servers (make
+##                 kube-assets, CPU) built while the lab images build (mostly downloads), then three
 ##                 streams at once: the elastic lab, then the shared pool lab; the autoscale lab, then pytest, lint and sanity,
 ##                 then the Slurm 22.05 lab and the cluster scenario on 22.05; the molecule scenarios,
 ##                 then the other labs (the first two streams' output is printed at the end, and kept
 ##                 in .lab/logs/)
 test: deps
-	$(MAKE) images dev-collection kube-assets
 	@mkdir -p .lab/logs
+	@set +e; ( set -o pipefail; $(MAKE) -s kube-assets 2>&1 | tee .lab/logs/kube-assets.log ) & kube_pid=$$!; \
+	  $(MAKE) images dev-collection; images=$$?; wait $$kube_pid; kube=$$?; \
+	  echo "[test] exit codes: images: $$images, kube-assets: $$kube"; test $$images -eq 0 && test $$kube -eq 0
 	@$(call beside,test,$(MAKE) molecule e2e-others,$(MAKE) unit lint e2e-releases molecule-22.05)
 
 ## make build      build the collection tarball

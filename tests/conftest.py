@@ -40,7 +40,7 @@ if KUBE_MISSING:
 
 def pytest_report_header(config):
     if KUBE_MISSING:
-        return "real kube-apiserver tier skipped: %s (make kube-assets prepares it from ../shared/k8s/bin)" \
+        return "real kube-apiserver tier skipped: %s (make kube-assets builds it)" \
             % KUBE_MISSING
     return "real kube-apiserver tier: $%s=%s" % (kubeapi.ASSETS_VARIABLE, KUBE_ASSETS)
 

@@ -1,11 +1,14 @@
 """A real kube-apiserver for tests, and one small HTTP client for it and for the simulator.
 
 The envtest convention: `kube-apiserver` and `etcd` are found in the directory $KUBEBUILDER_ASSETS
-(`make kube-assets` prepares .lab/kube-assets from ../shared/k8s/bin and Debian's etcd-server).
+(`make kube-assets` builds kube-apiserver and the controllers from their Go modules, kube-assets/, and
+links them with Debian's etcd in .lab/kube-assets).
 KubeApiServer starts etcd and the server on loopback (TLS from a CA made here, static bearer
-tokens, RBAC), installs the Cluster API and Metal3 CRDs of ../shared/k8s/crds and waits until they
-are served; stop() ends both. No controller runs: nothing garbage-collects, a finalizer stays until
-a client removes it, a deleted namespace stays Terminating.
+tokens, RBAC), installs CRDs (by default the recorded ones of ../shared/k8s/crds) and waits until
+they are served; stop() ends both. Alone, no controller runs: nothing garbage-collects, a finalizer
+stays until a client removes it, a deleted namespace stays Terminating. Controllers(server) adds the
+real Cluster API, CAPM3 and Bare Metal Operator (test mode) managers, with the CRDs of their own
+versions (module_crds()).
 
     server = KubeApiServer(workdir).start()   # about 5 s on 2 cores
     api = server.api()                        # the admin's client; server.api(READONLY_TOKEN)
@@ -16,7 +19,6 @@ import copy
 import glob
 import json
 import os
-import shutil
 import signal
 import socket
 import ssl
@@ -312,9 +314,11 @@ class KubeApiServer:
     """etcd and kube-apiserver from $KUBEBUILDER_ASSETS on loopback, the CRDs installed."""
 
     def __init__(self, workdir, assets_dir=None, crds=CRDS):
+        """crds: a directory of CRD files, a list of them (each a directory, or (directory, labels) to
+        label every CRD of it), or None."""
         self.workdir = str(workdir)
         self.assets = assets_dir or assets()[0]
-        self.crds = crds
+        self.crds = [crds] if isinstance(crds, str) else list(crds or [])
         self.procs = []
         self.url = None
         self.ca_cert = os.path.join(self.workdir, "ca.crt")
@@ -448,8 +452,13 @@ class KubeApiServer:
 
     def _install_crds(self, api, timeout):
         names, served = [], []
-        for path in sorted(glob.glob(os.path.join(self.crds, "*.yaml"))) if self.crds else []:
+        paths = []
+        for entry in self.crds:
+            where, labels = entry if isinstance(entry, tuple) else (entry, {})
+            paths += [(path, labels) for path in sorted(glob.glob(os.path.join(where, "*.yaml")))]
+        for path, labels in paths:
             for crd in read_yaml(path):
+                crd["metadata"].setdefault("labels", {}).update(labels)
                 api.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
                 names.append(crd["metadata"]["name"])
                 version = next(v["name"] for v in crd["spec"]["versions"] if v.get("storage"))
@@ -488,35 +497,101 @@ class KubeApiServer:
         return str(path)
 
 
-def prepare_assets(target, shared_bin=os.path.join(SHARED_K8S, "bin"), etcd="/usr/bin/etcd"):
-    """Make target an envtest assets directory: kube-apiserver unpacked from shared_bin (its sum
-    checked), etcd linked from Debian's etcd-server. Returns target."""
-    os.makedirs(target, exist_ok=True)
-    (packed,) = glob.glob(os.path.join(shared_bin, "kube-apiserver-*.xz"))
-    binary = os.path.join(target, "kube-apiserver")
-    with open(os.path.join(shared_bin, "SHA256SUMS")) as fh:
-        want = fh.read().split()[0]
-    if not os.path.exists(binary) or _sha256(binary) != want:
-        with open(binary + ".tmp", "wb") as out:
-            subprocess.run(["xz", "-dc", packed], stdout=out, check=True)
-        if _sha256(binary + ".tmp") != want:
-            raise RuntimeError("%s does not unpack to the sum in SHA256SUMS" % packed)
-        os.chmod(binary + ".tmp", 0o755)
-        os.replace(binary + ".tmp", binary)
-    link = os.path.join(target, "etcd")
-    if os.path.islink(link) or os.path.exists(link):
-        os.unlink(link)
-    os.symlink(shutil.which("etcd") or etcd, link)
-    return target
+def module_crds(assets_dir=None):
+    """The CRDs of the controllers' own module versions (kube-assets/build.sh copies them next to the
+    binaries), as KubeApiServer(crds=...) takes them. CAPM3's CRDs get the labels its own kustomization
+    gives them (as clusterctl installs them): the Cluster API contract each of its API versions
+    implements (cluster.x-k8s.io/v1beta2: v1beta2), which Cluster API reads to know which status fields
+    say a Metal3Cluster or Metal3Machine is provisioned."""
+    crds = os.path.join(assets_dir or assets()[0], "crds")
+    with open(os.path.join(crds, "capm3.kustomization.yaml")) as fh:
+        labels = {}
+        for entry in yaml.safe_load(fh).get("labels") or []:
+            labels.update(entry.get("pairs") or {})
+    return [os.path.join(crds, "cluster-api"), (os.path.join(crds, "capm3"), labels), os.path.join(crds, "bmo")]
 
 
-def _sha256(path):
-    import hashlib
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+class Controllers:
+    """The real Cluster API core manager, CAPM3 and the Bare Metal Operator (--test-mode: no Ironic, its
+    fixture provisioner walks every host through registering, inspecting, available, provisioning,
+    provisioned, deprovisioning) against a KubeApiServer, on loopback. No webhooks are installed:
+    Cluster API and CAPM3 serve theirs (a throwaway certificate, a free port) but nothing calls them,
+    so a client writes what they would default (the cluster-name label, a rollout strategy)."""
+
+    BINARIES = ("cluster-api-manager", "capm3-manager", "baremetal-operator")
+
+    def __init__(self, server, workdir=None):
+        self.server = server
+        self.workdir = str(workdir or os.path.join(server.workdir, "controllers"))
+        self.procs = {}
+        self.health = {}
+
+    def start(self, timeout=120):
+        w = self.workdir
+        os.makedirs(os.path.join(w, "webhook"), exist_ok=True)
+        kubeconfig = self.server.kubeconfig(os.path.join(w, "kubeconfig"), context="controllers")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                        "-subj", "/CN=webhooks", "-keyout", "webhook/tls.key", "-out", "webhook/tls.crt"],
+                       cwd=w, check=True, capture_output=True)
+        bin_dir = self.server.assets
+        for name in self.BINARIES:
+            health = free_port()
+            self.health[name] = "http://127.0.0.1:%d/readyz" % health
+            if name == "baremetal-operator":
+                argv = ["--test-mode", "--webhook-port=0", "--metrics-addr=0"]
+            else:
+                argv = ["--diagnostics-address=0", "--webhook-port=%d" % free_port(),
+                        "--webhook-cert-dir=" + os.path.join(w, "webhook")]
+            argv.append("--health-addr=127.0.0.1:%d" % health)
+            log = open(os.path.join(w, name + ".log"), "ab")
+            env = dict(os.environ, KUBECONFIG=kubeconfig, POD_NAMESPACE="default")
+            self.procs[name] = (subprocess.Popen([os.path.join(bin_dir, name)] + argv, stdout=log,
+                                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=w, env=env),
+                                log)
+        deadline = time.monotonic() + timeout
+        for name in self.BINARIES:
+            while not self._ready(name):
+                proc = self.procs[name][0]
+                if proc.poll() is not None:
+                    raise RuntimeError("%s exited (%s) while starting:\n%s" % (name, proc.returncode,
+                                                                              self.log_tail(name)))
+                if time.monotonic() > deadline:
+                    raise RuntimeError("%s: not ready in %d s:\n%s" % (name, timeout, self.log_tail(name)))
+                time.sleep(0.3)
+        return self
+
+    def _ready(self, name):
+        try:
+            with urllib.request.urlopen(self.health[name], timeout=2) as resp:
+                return resp.status == 200
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def stop(self):
+        for proc, log in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc, log in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            log.close()
+        self.procs = {}
+
+    def log_tail(self, name, lines=20):
+        try:
+            with open(os.path.join(self.workdir, name + ".log"), errors="replace") as fh:
+                return "".join(fh.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
 
 
 def serve(workdir):
@@ -545,11 +620,9 @@ def serve(workdir):
     server.stop()
 
 
-if __name__ == "__main__":  # python3 tests/kubeapi.py prepare DIR | serve DIR
+if __name__ == "__main__":  # python3 tests/kubeapi.py serve DIR
     import sys
-    if len(sys.argv) == 3 and sys.argv[1] == "prepare":
-        print(prepare_assets(sys.argv[2]))
-    elif len(sys.argv) == 3 and sys.argv[1] == "serve":
+    if len(sys.argv) == 3 and sys.argv[1] == "serve":
         serve(sys.argv[2])
     else:
-        sys.exit("usage: python3 tests/kubeapi.py prepare DIR | serve DIR")
+        sys.exit("usage: python3 tests/kubeapi.py serve DIR")
