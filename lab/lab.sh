@@ -167,21 +167,65 @@ image_version() {
     | sed 's/<no value>//' || true
 }
 
+# The Debian archive and security archive this machine's apt uses (sources.list, sources.list.d/*.list
+# and deb822 *.sources; a Debian suite's first enabled entry of each), unless LAB_DEBIAN_MIRROR and
+# LAB_DEBIAN_SECURITY_MIRROR say: "ARCHIVE SECURITY" on one line. The repository names no mirror.
+debian_mirrors() {
+  if [[ -n "$LAB_DEBIAN_MIRROR" ]]; then
+    echo "$LAB_DEBIAN_MIRROR ${LAB_DEBIAN_SECURITY_MIRROR:-}"
+    return
+  fi
+  python3 - <<'EOF'
+import glob, re
+SUITES = r"(buster|bullseye|bookworm|trixie|forky|duke|sid|oldoldstable|oldstable|stable|testing|unstable)"
+entries = []  # (uri, suite)
+for path in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")):
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        continue
+    for line in lines:
+        words = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
+        if len(words) >= 3 and words[0] == "deb":
+            entries.append((words[1], words[2]))
+for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+    for stanza in re.split(r"\n\s*\n", open(path).read()):
+        fields, key = {}, None
+        for line in stanza.splitlines():
+            if line.startswith("#"):
+                continue
+            if line[:1].isspace() and key:
+                fields[key] += " " + line.strip()
+            elif ":" in line:
+                key, value = line.split(":", 1)
+                key = key.strip().lower()
+                fields[key] = value.strip()
+        if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes").lower() != "no":
+            entries += [(uri, suite) for uri in fields.get("uris", "").split()
+                        for suite in fields.get("suites", "").split()]
+archive = next((u for u, s in entries if re.fullmatch(SUITES + r"(-updates|-backports)?", s)), "")
+security = next((u for u, s in entries if re.fullmatch(SUITES + r"(-security|/updates)", s)), "")
+print(archive.rstrip("/"), security.rstrip("/"))
+EOF
+}
+
 build_stock() {
-  local img root
+  local img root mirror security
   img=$(image_name stock)
   root="$STATE/rootfs"
   rm -rf "$root"; mkdir -p "$root"
-  say "debootstrap Debian $(suite_release "$LAB_SUITE") ($LAB_SUITE) into $LAB_STATE/rootfs (about a minute)"
+  read -r mirror security < <(debian_mirrors)
+  [[ -n "$mirror" ]] || die "no Debian archive in this machine's apt sources (/etc/apt/sources.list*): set LAB_DEBIAN_MIRROR (and LAB_DEBIAN_SECURITY_MIRROR) to the mirror to build the images from"
+  say "debootstrap Debian $(suite_release "$LAB_SUITE") ($LAB_SUITE) from $mirror into $LAB_STATE/rootfs (about a minute)"
   with_heartbeat "debootstrap" debootstrap --variant=minbase --include="$BASE_PACKAGES" \
-    "$LAB_SUITE" "$root" http://deb.debian.org/debian
+    "$LAB_SUITE" "$root" "$mirror"
   say "configuring the machine image (admin user, sudo, first-boot SSH host keys)"
   rm -f "$root/etc/apt/sources.list.d/debian.sources"
-  cat >"$root/etc/apt/sources.list" <<EOF
-deb http://deb.debian.org/debian $LAB_SUITE main
-deb http://deb.debian.org/debian $LAB_SUITE-updates main
-deb http://deb.debian.org/debian-security $LAB_SUITE-security main
-EOF
+  {
+    echo "deb $mirror $LAB_SUITE main"
+    echo "deb $mirror $LAB_SUITE-updates main"
+    if [[ -n "$security" ]]; then echo "deb $security $LAB_SUITE-security main"; fi
+  } >"$root/etc/apt/sources.list"
   printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"; chmod 0755 "$root/usr/sbin/policy-rc.d"
   # shellcheck disable=SC2086
   with_heartbeat "apt-get install $IMAGE_PACKAGES" chroot "$root" bash -c "apt-get update -qq \
