@@ -6,17 +6,23 @@ What a site's management cluster does with bare metal, end to end and judged onl
 BareMetalHosts registered with BMC credentials go to available; a MachineDeployment of 2 whose
 Metal3MachineTemplate selects hosts by label claims two of them (not the one the selector leaves out),
 its Machines reach Provisioned with the providerID CAPM3 gives; scaled to 0 it gives both hosts back,
-deprovisioned to available, and its Machines and Metal3Machines are gone.
+deprovisioned to available, and its Machines and Metal3Machines are gone. And the collection's own part
+on them: the inventory, and our pre-terminate hook holding a Machine Cluster API deletes until the
+lifecycle playbooks' release.
 """
 
 import base64
 import os
+import subprocess
 import time
 
 import pytest
 import yaml
 
 import kubeapi
+import test_kube_lifecycle_writes as lifecycle
+from test_kube_inventory import listing
+from conftest import HOOK, REPO, ansible_env
 
 CAPI = "cluster.x-k8s.io/v1beta2"
 INFRA = "infrastructure.cluster.x-k8s.io/v1beta2"
@@ -65,68 +71,76 @@ def wait_for(what, predicate, controllers, timeout=180):
     pytest.fail("%s: not within %d s\n%s" % (what, timeout, logs))
 
 
-def host_states(api):
+def host_states(api, ns):
     return {h["metadata"]["name"]: ((h.get("status") or {}).get("provisioning") or {}).get("state")
-            for h in api.list(BMH, "baremetalhosts", NS)}
+            for h in api.list(BMH, "baremetalhosts", ns)}
+
+
+def register_hosts(api, ns, hosts):
+    """What a site writes for its hosts: BMC credentials, and a BareMetalHost per host, labelled."""
+    api.namespace(ns)
+    api.create({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": "bmc", "namespace": ns},
+                "data": {"username": b64("admin"), "password": b64("not-a-real-bmc")}})
+    for i, (name, pool) in enumerate(sorted(hosts.items())):
+        api.create({"apiVersion": BMH, "kind": "BareMetalHost",
+                    "metadata": {"name": name, "namespace": ns, "labels": {POOL_LABEL: pool}},
+                    "spec": {"online": True, "bootMACAddress": "52:54:00:5e:%02x:%02x" % (len(ns), i),
+                             "bmc": {"address": "ipmi://127.0.0.1:%d" % (6230 + i), "credentialsName": "bmc"}}})
+
+
+def make_cluster(server, controllers, ns, cluster, md, replicas, node_type=None):
+    """The cluster (Cluster, Metal3Cluster, the kubeconfig Secret the controllers reach it through) and its
+    workers: bootstrap data, a Metal3MachineTemplate selecting the pool's hosts, a MachineDeployment."""
+    api = server.api()
+    kubeconfig = server.kubeconfig(os.path.join(controllers.workdir, ns + ".kubeconfig"), context=cluster)
+    with open(kubeconfig) as fh:
+        api.create({"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
+                    "metadata": {"name": cluster + "-kubeconfig", "namespace": ns,
+                                 "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+                    "data": {"value": b64(fh.read())}})
+    api.create({"apiVersion": INFRA, "kind": "Metal3Cluster", "metadata": {"name": cluster, "namespace": ns},
+                "spec": {"controlPlaneEndpoint": {"host": "127.0.0.1", "port": 6443}}})
+    api.create({"apiVersion": CAPI, "kind": "Cluster", "metadata": {"name": cluster, "namespace": ns},
+                "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Cluster",
+                                               "name": cluster}}})
+    api.create({"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
+                "metadata": {"name": md + "-bootstrap", "namespace": ns,
+                             "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+                "data": {"value": b64("#cloud-config\nruncmd: [[true]]\n"), "format": b64("cloud-config")}})
+    api.create({"apiVersion": INFRA, "kind": "Metal3MachineTemplate", "metadata": {"name": md, "namespace": ns},
+                "spec": {"template": {"spec": {
+                    "image": {"url": "http://127.0.0.1:8080/debian.qcow2", "checksumType": "sha256",
+                              "checksum": "0" * 64, "diskFormat": "qcow2"},
+                    "hostSelector": {"matchLabels": {POOL_LABEL: "pool"}}}}}})
+    labels = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md}
+    template_labels = dict(labels, **({"node-type": node_type} if node_type else {}))
+    api.create({"apiVersion": CAPI, "kind": "MachineDeployment",
+                "metadata": {"name": md, "namespace": ns, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+                "spec": {"clusterName": cluster, "replicas": replicas, "selector": {"matchLabels": labels},
+                         # what Cluster API's defaulting webhook would write (none is installed here)
+                         "rollout": {"strategy": {"type": "RollingUpdate",
+                                                  "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}},
+                         "template": {"metadata": {"labels": template_labels}, "spec": {
+                             "clusterName": cluster, "bootstrap": {"dataSecretName": md + "-bootstrap"},
+                             "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                                   "kind": "Metal3MachineTemplate", "name": md}}}}})
+
+
+def provisioned_machines(api, ns, count):
+    machines = api.list(CAPI, "machines", ns)
+    done = [m for m in machines if (m.get("status") or {}).get("phase") == "Provisioned"]
+    return machines if len(machines) == count and len(done) == count else None
 
 
 def test_hosts_claimed_provisioned_and_given_back(management):
     server, controllers = management
     api = server.api()
-    api.namespace(NS)
-    # ---- what a site writes: BMC credentials and its hosts (two in the pool, one outside it)
-    api.create({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                "metadata": {"name": "smoke-bmc", "namespace": NS},
-                "data": {"username": b64("admin"), "password": b64("not-a-real-bmc")}})
-    hosts = {"smoke-host-0": "pool", "smoke-host-1": "pool", "smoke-host-2": "elsewhere"}
-    for i, (name, pool) in enumerate(sorted(hosts.items())):
-        api.create({"apiVersion": BMH, "kind": "BareMetalHost",
-                    "metadata": {"name": name, "namespace": NS, "labels": {POOL_LABEL: pool}},
-                    "spec": {"online": True, "bootMACAddress": "52:54:00:5e:00:%02x" % i,
-                             "bmc": {"address": "ipmi://127.0.0.1:%d" % (6230 + i), "credentialsName": "smoke-bmc"}}})
-    wait_for("the three hosts available", lambda: set(host_states(api).values()) == {"available"}, controllers)
-
-    # ---- the cluster: Cluster, Metal3Cluster, the kubeconfig Secret the controllers reach it through
-    kubeconfig = server.kubeconfig(os.path.join(controllers.workdir, "workload.kubeconfig"), context=CLUSTER)
-    with open(kubeconfig) as fh:
-        api.create({"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
-                    "metadata": {"name": CLUSTER + "-kubeconfig", "namespace": NS,
-                                 "labels": {"cluster.x-k8s.io/cluster-name": CLUSTER}},
-                    "data": {"value": b64(fh.read())}})
-    api.create({"apiVersion": INFRA, "kind": "Metal3Cluster", "metadata": {"name": CLUSTER, "namespace": NS},
-                "spec": {"controlPlaneEndpoint": {"host": "127.0.0.1", "port": 6443}}})
-    api.create({"apiVersion": CAPI, "kind": "Cluster", "metadata": {"name": CLUSTER, "namespace": NS},
-                "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Cluster",
-                                               "name": CLUSTER}}})
-    # ---- the workers: bootstrap data, a template selecting the pool's hosts, a MachineDeployment of 2
-    api.create({"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
-                "metadata": {"name": "smoke-bootstrap", "namespace": NS,
-                             "labels": {"cluster.x-k8s.io/cluster-name": CLUSTER}},
-                "data": {"value": b64("#cloud-config\nruncmd: [[true]]\n"), "format": b64("cloud-config")}})
-    api.create({"apiVersion": INFRA, "kind": "Metal3MachineTemplate", "metadata": {"name": MD, "namespace": NS},
-                "spec": {"template": {"spec": {
-                    "image": {"url": "http://127.0.0.1:8080/debian.qcow2", "checksumType": "sha256",
-                              "checksum": "0" * 64, "diskFormat": "qcow2"},
-                    "hostSelector": {"matchLabels": {POOL_LABEL: "pool"}}}}}})
-    labels = {"cluster.x-k8s.io/cluster-name": CLUSTER, "cluster.x-k8s.io/deployment-name": MD}
-    api.create({"apiVersion": CAPI, "kind": "MachineDeployment",
-                "metadata": {"name": MD, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": CLUSTER}},
-                "spec": {"clusterName": CLUSTER, "replicas": 2, "selector": {"matchLabels": labels},
-                         # what Cluster API's defaulting webhook would write (none is installed here)
-                         "rollout": {"strategy": {"type": "RollingUpdate",
-                                                  "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}},
-                         "template": {"metadata": {"labels": labels}, "spec": {
-                             "clusterName": CLUSTER, "bootstrap": {"dataSecretName": "smoke-bootstrap"},
-                             "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                                   "kind": "Metal3MachineTemplate", "name": MD}}}}})
-
-    def provisioned():
-        machines = api.list(CAPI, "machines", NS)
-        done = [m for m in machines if (m.get("status") or {}).get("phase") == "Provisioned"]
-        return machines if len(machines) == 2 and len(done) == 2 else None
-
-    machines = wait_for("two Machines Provisioned", provisioned, controllers)
-    states = host_states(api)
+    register_hosts(api, NS, {"smoke-host-0": "pool", "smoke-host-1": "pool", "smoke-host-2": "elsewhere"})
+    wait_for("the three hosts available", lambda: set(host_states(api, NS).values()) == {"available"}, controllers)
+    make_cluster(server, controllers, NS, CLUSTER, MD, 2)
+    machines = wait_for("two Machines Provisioned", lambda: provisioned_machines(api, NS, 2), controllers)
+    states = host_states(api, NS)
     assert states == {"smoke-host-0": "provisioned", "smoke-host-1": "provisioned", "smoke-host-2": "available"}
     claimed = {}
     for machine in machines:
@@ -139,7 +153,7 @@ def test_hosts_claimed_provisioned_and_given_back(management):
         bmh = api.get(BMH, "baremetalhosts", NS, host)
         assert bmh["spec"]["consumerRef"]["name"] == m3m["metadata"]["name"]
         # the Machine's bootstrap data reaches the host as its user data
-        assert bmh["spec"]["userData"]["name"] == "smoke-bootstrap"
+        assert bmh["spec"]["userData"]["name"] == MD + "-bootstrap"
         assert bmh["spec"]["image"]["url"] == "http://127.0.0.1:8080/debian.qcow2"
     assert sorted(claimed) == ["smoke-host-0", "smoke-host-1"]
 
@@ -147,7 +161,7 @@ def test_hosts_claimed_provisioned_and_given_back(management):
     api.patch(CAPI, "machinedeployments", NS, MD, {"spec": {"replicas": 0}}, sub="scale")
     wait_for("the Machines and Metal3Machines gone",
              lambda: not api.list(CAPI, "machines", NS) and not api.list(INFRA, "metal3machines", NS), controllers)
-    wait_for("both hosts available again", lambda: set(host_states(api).values()) == {"available"}, controllers)
+    wait_for("both hosts available again", lambda: set(host_states(api, NS).values()) == {"available"}, controllers)
     for host in claimed:
         assert not api.get(BMH, "baremetalhosts", NS, host)["spec"].get("consumerRef")
 
@@ -177,3 +191,59 @@ def test_versions_are_the_pinned_ones(management):
     with open(os.path.join(ASSETS, "crds", "capm3", "infrastructure.cluster.x-k8s.io_metal3machinetemplates.yaml")) \
             as fh:
         assert yaml.safe_load(fh)["spec"]["versions"][-1]["name"] == "v1beta2"
+
+
+def deleting_reason(machine):
+    return next((c.get("reason") for c in (machine.get("status") or {}).get("conditions") or []
+                 if c["type"] == "Deleting"), None)
+
+
+def test_the_collection_holds_a_machine_for_the_real_cluster_api(management, tmp_path):
+    """The collection's part, judged by the real controllers: the inventory plugin finds the Provisioned
+    Machine in its node type's group, with the hardware the Bare Metal Operator inspected; scale-up's hold
+    (tasks/hold_machine.yml) puts our pre-terminate hook; scaled to 0, Cluster API deletes the Machine but
+    waits on the hook, the host staying provisioned; scale-down's release (tasks/release_machine.yml)
+    lets it go, and the host is deprovisioned to available."""
+    server, controllers = management
+    api = server.api()
+    ns = "lifecycle"
+    register_hosts(api, ns, {"hpc-host-0": "pool"})
+    wait_for("the host available", lambda: set(host_states(api, ns).values()) == {"available"}, controllers)
+    make_cluster(server, controllers, ns, "hpc", "hpc-compute", 1, node_type="compute")
+    (machine,) = wait_for("the Machine Provisioned", lambda: provisioned_machines(api, ns, 1), controllers)
+    name = machine["metadata"]["name"]
+    assert machine["metadata"]["labels"]["node-type"] == "compute"  # the template's labels reach the Machine
+
+    # the host's address is the one the Bare Metal Operator's fixture inspected (192.168.100.1): the plays
+    # run every task on localhost, and a local connection makes sure nothing is ever sent to it
+    inv = str(tmp_path / "mgmt.capi_machines.yml")
+    with open(inv, "w") as fh:
+        yaml.safe_dump({"plugin": "converged.hpc.capi_machines", "namespaces": [ns], "host": server.url,
+                        "api_key": kubeapi.ADMIN_TOKEN, "ca_cert": server.ca_cert,
+                        "compose": {"ansible_connection": "'local'"}}, fh)
+    listed = subprocess.run(["ansible-inventory", "-i", inv, "--list"], cwd=REPO, capture_output=True, text=True,
+                            env=ansible_env(), check=False, timeout=120)
+    assert kubeapi.ADMIN_TOKEN not in listed.stdout + listed.stderr
+    found = listing(listed)
+    assert found["compute"]["hosts"] == [name], listed.stdout[-2000:]
+    bmh = api.get(BMH, "baremetalhosts", ns, "hpc-host-0")["status"]["hardware"]
+    hostvars = found["_meta"]["hostvars"][name]
+    assert hostvars["capi"]["phase"] == "Provisioned" and hostvars["ansible_connection"] == "local"
+    assert (hostvars["capi"]["cpus"], hostvars["capi"]["ram_mib"]) == (bmh["cpu"]["count"], bmh["ramMebibytes"])
+
+    proc = lifecycle.playbook(server, tmp_path, inv, lifecycle.HOOK_PLAY.format(repo=REPO))
+    assert proc.returncode == 0 and "not held: none" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert api.get(CAPI, "machines", ns, name)["metadata"]["annotations"][HOOK] == "converged-hpc"
+
+    api.patch(CAPI, "machinedeployments", ns, "hpc-compute", {"spec": {"replicas": 0}}, sub="scale")
+    wait_for("Cluster API waiting on our hook",
+             lambda: deleting_reason(api.get(CAPI, "machines", ns, name)) == "WaitingForPreTerminateHook", controllers)
+    time.sleep(12)  # longer than the Bare Metal Operator's 10 s requeue: the host would be going by now
+    assert api.get(CAPI, "machines", ns, name)["metadata"]["deletionTimestamp"]
+    assert host_states(api, ns) == {"hpc-host-0": "provisioned"}
+    assert api.list(INFRA, "metal3machines", ns)
+
+    proc = lifecycle.playbook(server, tmp_path, inv, lifecycle.HOOK_PLAY.format(repo=REPO))
+    assert proc.returncode == 0 and "changed=1" in proc.stdout.split("PLAY RECAP")[-1], proc.stdout[-3000:]
+    wait_for("the Machine gone", lambda: api.get(CAPI, "machines", ns, name) is None, controllers)
+    wait_for("the host available again", lambda: host_states(api, ns) == {"hpc-host-0": "available"}, controllers)

@@ -43,7 +43,7 @@ HOOK_PLAY = """
       ansible.builtin.import_tasks: {repo}/playbooks/tasks/hold_machine.yml
       vars:
         hold_machine_hosts: >-
-          {{{{ groups['compute'] | map('extract', hostvars) | rejectattr('capi.deleting')
+          {{{{ groups['compute'] | default([]) | map('extract', hostvars) | rejectattr('capi.deleting')
              | map(attribute='inventory_hostname') | list }}}}
 
     - name: Say which Machines could not be held
