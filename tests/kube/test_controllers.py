@@ -239,7 +239,8 @@ def test_the_collection_holds_a_machine_for_the_real_cluster_api(management, tmp
     wait_for("Cluster API waiting on our hook",
              lambda: deleting_reason(api.get(CAPI, "machines", ns, name)) == "WaitingForPreTerminateHook", controllers)
     time.sleep(12)  # longer than the Bare Metal Operator's 10 s requeue: the host would be going by now
-    assert api.get(CAPI, "machines", ns, name)["metadata"]["deletionTimestamp"]
+    held = api.get(CAPI, "machines", ns, name)
+    assert held["metadata"]["deletionTimestamp"] and held["status"]["phase"] == "Deleting"
     assert host_states(api, ns) == {"hpc-host-0": "provisioned"}
     assert api.list(INFRA, "metal3machines", ns)
 
