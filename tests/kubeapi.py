@@ -553,8 +553,8 @@ class Controllers:
             while not self._ready(name):
                 proc = self.procs[name][0]
                 if proc.poll() is not None:
-                    raise RuntimeError("%s exited (%s) while starting:\n%s" % (name, proc.returncode,
-                                                                              self.log_tail(name)))
+                    raise RuntimeError("%s exited (%s) while starting:\n%s"
+                                       % (name, proc.returncode, self.log_tail(name)))
                 if time.monotonic() > deadline:
                     raise RuntimeError("%s: not ready in %d s:\n%s" % (name, timeout, self.log_tail(name)))
                 time.sleep(0.3)

@@ -32,7 +32,7 @@ CLUSTER = "smoke"
 MD = "smoke-workers"
 POOL_LABEL = "converged.hpc/smoke-pool"
 
-ASSETS, _ = kubeapi.assets()
+ASSETS = kubeapi.assets()[0]
 MISSING = [b for b in kubeapi.Controllers.BINARIES if not (ASSETS and os.access(os.path.join(ASSETS, b), os.X_OK))]
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="no %s in $KUBEBUILDER_ASSETS (make kube-assets builds them)"
                                 % ", ".join(MISSING))
@@ -169,7 +169,7 @@ def test_hosts_claimed_provisioned_and_given_back(management):
 def test_versions_are_the_pinned_ones(management):
     """The binaries are the versions kube-assets/*/go.mod pin: kube-apiserver says its own (stamped at
     build), the server reports it, and the versions file names each module."""
-    server, _ = management
+    server = management[0]
     with open(os.path.join(ASSETS, "versions")) as fh:
         versions = dict(line.split() for line in fh if line.strip())
     pinned = {}
