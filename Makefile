@@ -57,12 +57,7 @@ lab-status:
 ## make deps       install the Debian and Python packages the lab and tests need (when missing)
 deps:
 	lab/lab.sh deps
-	@# etcd for the real servers (Debian's etcd-server; its own service is not needed)
-	@if ! command -v etcd >/dev/null; then \
-	  echo "[deps] apt-get install etcd-server"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; \
-	  systemctl disable --now etcd >/dev/null 2>&1 || true; \
-	fi
+	@# (etcd for the real servers: make kube-assets installs Debian's etcd-server when missing)
 	@if ! $(PYTHON) -c 'import pytest, testinfra, molecule, molecule_plugins, antsibull_changelog' 2>/dev/null \
 	    || ! command -v ansible-lint >/dev/null || ! command -v ansible-rulebook >/dev/null; then \
 	  echo "[deps] pip install -r requirements-test.txt"; \
