@@ -111,7 +111,8 @@ def main():
     t0 = time.time()
     before = machines(co, md, plural)
     live = {n for n, m in before.items() if not m["metadata"].get("deletionTimestamp")}
-    current = co.get_namespaced_custom_object_scale(G, V, NS, plural, md)["spec"]["replicas"]
+    # (a Scale omits spec.replicas when it is 0)
+    current = (co.get_namespaced_custom_object_scale(G, V, NS, plural, md).get("spec") or {}).get("replicas", 0)
     kind = "MachinePool" if args.pool else "MachineDeployment"
     log(t0, "%s %s/%s: %d -> %d replicas" % (kind, NS, md, current, args.replicas))
     co.patch_namespaced_custom_object_scale(G, V, NS, plural, md,

@@ -421,7 +421,9 @@ class _Handler(BaseHTTPRequestHandler):
         return {"kind": "Scale", "apiVersion": "autoscaling/v1",
                 "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
                              if k in meta},
-                "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 0)}, "status": scale_status}
+                # as a real server's autoscaling/v1 Scale: replicas omitted when 0 (omitempty)
+                "spec": {k: v for k, v in {"replicas": (obj.get("spec") or {}).get("replicas", 0)}.items() if v},
+                "status": scale_status}
 
     def _scale(self, method, res, namespace, name, dry_run=False, manager=None):
         """GET, PUT or PATCH (a merge patch or a JSON patch of the Scale: a custom resource takes no

@@ -88,7 +88,10 @@ class _Scaler:
             raise CapiApiError("%s does not exist (%s)" % (self.what, self.p["api_version"]))
         if status != 200:
             raise self.fail("reading its scale", status, body)
-        return body["spec"].get("replicas", 0)
+        # a Scale's spec.replicas is omitted when 0 (autoscaling/v1, omitempty): the resourceVersion then
+        # stands in for it in the write's test
+        self.version = (body.get("metadata") or {}).get("resourceVersion")
+        return (body.get("spec") or {}).get("replicas", 0)
 
     def machines(self):
         label = "%s=%s" % (OWNER_LABELS[self.p["kind"]], self.p["name"])
@@ -114,10 +117,18 @@ class _Scaler:
                          "application/merge-patch+json", write=True)
 
     def set_replicas(self, current, desired):
-        return self.call(self.owner_path + "/scale", "PATCH",
-                         [{"op": "test", "path": "/spec/replicas", "value": current},
-                          {"op": "replace", "path": "/spec/replicas", "value": desired}],
-                         "application/json-patch+json", write=True)
+        if current:
+            ops = [{"op": "test", "path": "/spec/replicas", "value": current},
+                   {"op": "replace", "path": "/spec/replicas", "value": desired}]
+        else:
+            # A real server's Scale omits spec.replicas at 0 (autoscaling/v1, omitempty): no value to test.
+            # Read it again (this decision's own annotation has changed the object since) and test its
+            # resourceVersion: still 0 now, and no change between that read and this write.
+            if self.scale() != 0:
+                return 422, {"reason": "Invalid"}  # the replicas changed since the decision: its refusal
+            ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": self.version},
+                   {"op": "add", "path": "/spec/replicas", "value": desired}]
+        return self.call(self.owner_path + "/scale", "PATCH", ops, "application/json-patch+json", write=True)
 
 
 def _ours(machine, reason):
