@@ -101,11 +101,14 @@ options:
     default: []
   host_naming:
     description:
-      - Name hosts after the Machine, or after its Kubernetes Node (nodeRef) when it has one.
+      - Name hosts after the Machine, after its Kubernetes Node (nodeRef) when it has one, or after the host's
+        own name (C(hostname)) - the Machine's C(Hostname) address, which CAPM3 copies from the BareMetalHost's
+        hardware details - when it has one. Cluster API names a MachineDeployment's Machines after their
+        MachineSet (C(<deployment>-<hash>-<random>)); C(hostname) names them as the hosts and Slurm know them.
       - When Machines of several namespaces would share a host name, the one created first keeps it and the
         others are named C(<namespace>_<name>), with a warning, so a new Machine never renames an existing host.
     type: str
-    choices: [machine, node]
+    choices: [machine, node, hostname]
     default: machine
   metal3:
     description:

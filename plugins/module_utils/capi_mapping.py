@@ -161,9 +161,16 @@ def _in_clusters(machines, clusters):
 
 
 def _base_name(machine, opts):
+    """The host's name: the Machine's; its Node's (host_naming node, when it has one); or the name its host
+    has (host_naming hostname: the Machine's Hostname address, which CAPM3 copies from the host's hardware
+    details, when it has one). Cluster API names a MachineDeployment's Machines after their MachineSet."""
     meta, status = machine.get("metadata") or {}, machine.get("status") or {}
-    node_ref = (status.get("nodeRef") or {}).get("name")
-    return node_ref if opts.host_naming == "node" and node_ref else meta.get("name")
+    if opts.host_naming == "node":
+        return (status.get("nodeRef") or {}).get("name") or meta.get("name")
+    if opts.host_naming == "hostname":
+        return next((a["address"] for a in status.get("addresses") or []
+                     if a.get("type") == "Hostname" and a.get("address")), None) or meta.get("name")
+    return meta.get("name")
 
 
 def _first_holders(machines, opts):

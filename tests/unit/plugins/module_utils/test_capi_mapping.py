@@ -187,6 +187,18 @@ def test_host_naming_by_node_ref():
     assert "hpc-controller-5c6b9-q8m4n" in inv.groups["controller"]  # no nodeRef: keeps its Machine name
 
 
+def test_host_naming_by_hostname():
+    # the recorded hpc-compute-7d9f8-abcde reports Hostname hpc-cn-01 (test_address_type_preference)
+    inv = build(v1beta2_with_metal3(), MappingOptions(host_naming="hostname", hostvars="full"))
+    assert "hpc-cn-01" in inv.groups["compute"] and "hpc-compute-7d9f8-abcde" not in inv.hosts
+    assert inv.hosts["hpc-cn-01"]["capi"]["name"] == "hpc-compute-7d9f8-abcde"  # the Machine's name stays a variable
+    unnamed = [m for m in recorded()["machines"]
+               if not any(a["type"] == "Hostname" for a in (m.get("status") or {}).get("addresses") or [])]
+    for machine in unnamed:  # no Hostname address: keeps its Machine name
+        assert machine["metadata"]["name"] in inv.hosts or machine["metadata"]["name"] in inv.skipped \
+            or "%s/%s" % (machine["metadata"]["namespace"], machine["metadata"]["name"]) in inv.skipped
+
+
 def test_prefix_and_cluster_filter():
     inv = build(v1beta2_with_metal3(), MappingOptions(group_prefix="slurm_", clusters=("edge",)))
     assert sorted(inv.groups) == ["capi_cluster_edge", "capi_md_edge_workers", "slurm_compute"]
