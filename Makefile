@@ -21,7 +21,8 @@ help:
 	@sed -n 's/^## //p' Makefile
 
 ## make lab        bring up the lab machines and run the main job end to end
-lab: dev-collection $(if $(filter-out 0,$(LAB_KUBERNETES_GPU)),kube-assets)
+# (the lab's management cluster is real unless LAB_MANAGEMENT=sim: kube-assets builds its servers)
+lab: dev-collection $(if $(filter sim,$(LAB_MANAGEMENT)),$(if $(filter-out 0,$(LAB_KUBERNETES_GPU)),kube-assets),kube-assets)
 	lab/lab.sh deps
 	lab/lab.sh up
 	lab/lab.sh directory
@@ -135,21 +136,21 @@ beside = set +e; \
 	echo "[$(1)] exit codes: $(2): $$others, the elastic lab: $$elastic, the autoscale lab: $$autoscale$(if $(3),$(comma) $(3): $$checks)"; \
 	test $$others -eq 0 && test $$elastic -eq 0 && test $$autoscale -eq 0 && test $$checks -eq 0
 
-e2e: dev-collection images
+e2e: dev-collection images kube-assets
 	@mkdir -p .lab/logs
 	@$(call beside,e2e,$(MAKE) -s e2e-others,$(MAKE) -s e2e-releases)
 
 e2e-elastic: dev-collection images kube-assets
 	$(E2E_RUN) $(E2E_ELASTIC) $(E2E_CONVERGED)
 
-e2e-autoscale: dev-collection images
+e2e-autoscale: dev-collection images kube-assets
 	$(E2E_RUN) $(E2E_AUTOSCALE)
 
-e2e-others: dev-collection images
+e2e-others: dev-collection images kube-assets
 	$(E2E_RUN) $(E2E_OTHERS)
 
 ## make e2e-releases  Slurm 22.05 (Debian 12) in a lab of its own, and an upgrade refused
-e2e-releases: dev-collection images
+e2e-releases: dev-collection images kube-assets
 	$(E2E_RUN) $(E2E_RELEASES)
 
 ## make test       everything CI runs (installs what is missing first): the real servers (make

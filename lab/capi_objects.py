@@ -29,6 +29,7 @@ second to the second...), each with its own MachineDeployments.
 import argparse
 import base64
 import hashlib
+import json
 import os
 
 import yaml
@@ -256,6 +257,107 @@ def machine_objects(cluster, md, ms, node_type, name, address, cpus, ram_mib, po
     ]
 
 
+# ---- the objects a site writes for real controllers (--real): nothing a controller would write
+IMAGES = "http://images.lab.invalid"
+INSPECT = "inspect.metal3.io"
+HARDWARE_DETAILS = "inspect.metal3.io/hardwaredetails"
+
+
+def real_host(cluster, name, address, node_type, cpus, ram_mib, index):
+    """A registered host: its BMC credentials Secret and its BareMetalHost, labelled for the pool of its
+    node type (<cluster>-<type>, what its MachineDeployment's template selects), with the hardware a site
+    gives when it does not inspect (inspection disabled, the hardware details annotation): the lab
+    machine's address and name, the CPUs and RAM the lab declares."""
+    secret = name + "-bmc"
+    labels = {POOL_LABEL_KEY: "%s-%s" % (cluster, node_type)}
+    if node_type == "gpu":
+        labels.update({"gpu": "true", "nvidia.com/gpu.count": "2"})
+    details = {"cpu": {"arch": "x86_64", "count": cpus, "model": "lab", "clockMegahertz": 2000},
+               "ramMebibytes": ram_of(node_type, ram_mib), "hostname": name,
+               "nics": [{"name": "eth0", "ip": address, "mac": mac(name), "speedGbps": 10}],
+               "storage": [{"name": "/dev/vda", "sizeBytes": 64 * 1024 ** 3, "rotational": False}],
+               "systemVendor": {"manufacturer": "converged.hpc lab", "productName": "podman machine"},
+               "firmware": {"bios": {"vendor": "lab", "version": "1"}}}
+    return [
+        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": {"name": secret, "namespace": NS},
+         "data": {"username": base64.b64encode(b"lab").decode(),
+                  "password": base64.b64encode(hashlib.sha256(name.encode()).hexdigest()[:16].encode()).decode()}},
+        {"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+         "metadata": {"name": name, "namespace": NS, "labels": labels,
+                      "annotations": {INSPECT: "disabled", HARDWARE_DETAILS: json.dumps(details)}},
+         "spec": {"online": False, "bootMACAddress": mac(name), "automatedCleaningMode": "metadata",
+                  "bmc": {"address": "ipmi://127.0.0.1:%d" % (6230 + index), "credentialsName": secret}}}]
+
+
+def real_objects(machines, cluster, cpus, ram_mib, api_port):
+    """Cluster, Metal3Cluster, and per node type a MachineDeployment (replicas: its machines) and a
+    Metal3MachineTemplate selecting its pool's hosts. machines: (name, address, node type) of this
+    cluster's first machines."""
+    docs = [{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3Cluster",
+             "metadata": {"name": cluster, "namespace": NS},
+             "spec": {"controlPlaneEndpoint": {"host": "127.0.0.1", "port": api_port}}},
+            {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+             "metadata": {"name": cluster, "namespace": NS},
+             "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                            "kind": "Metal3Cluster", "name": cluster}}}]
+    for node_type in sorted({m[2] for m in machines} | set(ALWAYS)):
+        md = "%s-%s" % (cluster, node_type)
+        selector = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md}
+        docs.append({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+            "metadata": {"name": md, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+            "spec": {"clusterName": cluster, "replicas": len([m for m in machines if m[2] == node_type]),
+                     "selector": {"matchLabels": selector},
+                     # what Cluster API's defaulting webhook writes (a site's has one; the lab installs none)
+                     "rollout": {"strategy": {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}},
+                     "template": {"metadata": {"labels": dict(selector, **{"node-type": node_type}),
+                                               "annotations": template_annotations(node_type)},
+                                  "spec": {"clusterName": cluster, "version": "v1.33.4",
+                                           "bootstrap": {"dataSecretName": md},
+                                           "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                                                 "kind": "Metal3MachineTemplate", "name": md}}}}})
+        template = metal3_template(md, {"matchLabels": {POOL_LABEL_KEY: md}}, node_type)
+        template["spec"]["template"]["spec"]["image"]["url"] = "%s/%s.qcow2" % (IMAGES, node_type)
+        docs.append(template)
+    return docs
+
+
+def write_stream(path, docs):
+    with open(path, "w") as fh:
+        os.chmod(path, 0o600)
+        yaml.safe_dump_all(docs, fh, sort_keys=False)
+
+
+def real_main(args, machines):
+    """--real: what a site writes for the real controllers. The hosts of machines.tsv's 4th column
+    'spare' are registered later (--spares-out): the first Machines claim exactly the lab's first
+    machines, and scale-ups find hosts to claim."""
+    clusters = [args.cluster] if args.clusters == 1 else ["%s-%d" % (args.cluster, i + 1)
+                                                          for i in range(args.clusters)]
+    docs, spares = [], []
+    for index, cluster in enumerate(clusters):
+        share = []
+        for node_type in sorted({m[2] for m in machines}):
+            share.extend([m for m in machines if m[2] == node_type][index::len(clusters)])
+        first = [m[:3] for m in share if len(m) < 4 or m[3] != "spare"]
+        docs.extend(real_objects(first, cluster, args.cpus, args.ram_mib, args.api_port))
+        for name, address, node_type, *rest in share:
+            host = real_host(cluster, name, address, node_type, args.cpus, args.ram_mib, machines.index(
+                next(m for m in machines if m[0] == name)))
+            (spares if rest and rest[0] == "spare" else docs).extend(host)
+    for path, option in ((args.munge_key_file, "munge-key"), (args.slurmdbd_password_file, "slurmdbd")):
+        if path:
+            with open(path, "rb") as fh:
+                data = {"munge.key": base64.b64encode(fh.read()).decode()} if option == "munge-key" \
+                    else {"password": base64.b64encode(fh.read().strip()).decode()}
+            docs.insert(0, {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                            "metadata": {"name": option, "namespace": NS}, "data": data})
+    write_stream(args.out, docs)
+    if args.spares_out:
+        write_stream(args.spares_out, spares)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("machines")
@@ -274,9 +376,16 @@ def main():
     ap.add_argument("--munge-key-file", help="also serve this munge key as Secret metal3/munge-key")
     ap.add_argument("--slurmdbd-password-file",
                     help="also serve this password as Secret metal3/slurmdbd (key password)")
+    ap.add_argument("--real", action="store_true",
+                    help="only what a site writes for the real Cluster API, CAPM3 and Bare Metal Operator")
+    ap.add_argument("--spares-out", help="--real: the spare hosts (machines.tsv's 'spare' lines) go here")
+    ap.add_argument("--api-port", type=int, default=16443, help="--real: the management cluster's port")
     args = ap.parse_args()
     with open(args.machines) as fh:
         machines = [tuple(line.split()) for line in fh if line.strip()]
+    if args.real:
+        real_main(args, machines)
+        return
     if args.clusters == 1:
         replicas = {}
         if args.bare_metal:

@@ -26,6 +26,8 @@ cd "$REPO_DIR"
 # shellcheck source=lab/lab.conf
 source "$LAB_DIR/lab.conf"
 export CONTAINERS_CONF="$LAB_DIR/containers.conf"
+# the real servers (make kube-assets links them there), as make exports it
+export KUBEBUILDER_ASSETS="${KUBEBUILDER_ASSETS:-$REPO_DIR/.lab/kube-assets}"
 
 # the images of each suite: localhost/converged-hpc/debian13 (trixie), .../debian12 (bookworm)
 suite_release() { case "$1" in trixie) echo 13 ;; bookworm) echo 12 ;; *) echo "" ;; esac; }
@@ -107,6 +109,19 @@ validate_conf() {
     || die "LAB_KUBERNETES_GPU=$LAB_KUBERNETES_GPU Kubernetes workers take their hosts from the pool: set LAB_BARE_METAL"
   [[ "$LAB_DEPROVISION_SECONDS" =~ ^[0-9]+(\.[0-9]+)?$ ]] \
     || die "LAB_DEPROVISION_SECONDS='$LAB_DEPROVISION_SECONDS' must be a number of seconds"
+  [[ "$LAB_PROVISION_SECONDS" =~ ^[0-9]+(\.[0-9]+)?$ ]] \
+    || die "LAB_PROVISION_SECONDS='$LAB_PROVISION_SECONDS' must be a number of seconds"
+  [[ "$LAB_MANAGEMENT" == real || "$LAB_MANAGEMENT" == sim ]] \
+    || die "LAB_MANAGEMENT='$LAB_MANAGEMENT' is not real or sim"
+  [[ -z "$LAB_COMPUTE_HOSTS" || ( "$LAB_COMPUTE_HOSTS" =~ ^[0-9]+$ && "$LAB_COMPUTE_HOSTS" -ge "$LAB_COMPUTE" \
+     && "$LAB_COMPUTE_HOSTS" -le 179 ) ]] \
+    || die "LAB_COMPUTE_HOSTS='$LAB_COMPUTE_HOSTS' must be an integer from LAB_COMPUTE ($LAB_COMPUTE) to 179"
+  [[ "$LAB_SPARE_HOSTS" =~ ^[0-9]$ ]] || die "LAB_SPARE_HOSTS='$LAB_SPARE_HOSTS' must be an integer 0-9"
+  if [[ "$LAB_MANAGEMENT" == real ]]; then
+    [[ -z "$LAB_POOLS" ]] || die "LAB_POOLS='$LAB_POOLS': CAPM3 has no MachinePool machines; MachinePools run on the simulator (LAB_MANAGEMENT=sim)"
+    (( LAB_BARE_METAL == 0 && LAB_KUBERNETES_GPU == 0 )) || die "LAB_BARE_METAL=$LAB_BARE_METAL" \
+      "LAB_KUBERNETES_GPU=$LAB_KUBERNETES_GPU: the shared pool's lab runs on the simulator for now (LAB_MANAGEMENT=sim)"
+  fi
   if (( LAB_BARE_METAL > 0 )); then
     (( LAB_COMPUTE <= LAB_BARE_METAL - LAB_BARE_METAL_GPU )) || die "LAB_COMPUTE=$LAB_COMPUTE compute machines" \
       "need as many hosts without a GPU in the pool: LAB_BARE_METAL=$LAB_BARE_METAL has $((LAB_BARE_METAL - LAB_BARE_METAL_GPU))"
@@ -339,6 +354,24 @@ wanted_machines() {
   done
 }
 
+# The real management cluster's hosts: the lab's machines, and spare hosts (name ip type spare) the
+# MachineDeployments scale onto: the compute pool's up to LAB_COMPUTE_HOSTS (default 4, or LAB_COMPUTE when
+# more), and LAB_SPARE_HOSTS more of each of the GPU and highmem node types the lab has
+compute_hosts() { local n="${LAB_COMPUTE_HOSTS:-4}"; (( n >= LAB_COMPUTE )) || n=$LAB_COMPUTE; echo "$n"; }
+real_hosts() {
+  local i
+  wanted_machines
+  for ((i = LAB_COMPUTE + 1; i <= $(compute_hosts); i++)); do
+    printf '%s-cn-%02d %s.%d compute spare\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((20 + i))
+  done
+  (( LAB_GPU == 0 )) || for ((i = LAB_GPU + 1; i <= LAB_GPU + LAB_SPARE_HOSTS && i <= 29; i++)); do
+    printf '%s-gpu-%02d %s.%d gpu spare\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((200 + i))
+  done
+  (( LAB_HIGHMEM == 0 )) || for ((i = LAB_HIGHMEM + 1; i <= LAB_HIGHMEM + LAB_SPARE_HOSTS && i <= 22; i++)); do
+    printf '%s-hm-%02d %s.%d highmem spare\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((230 + i))
+  done
+}
+
 ensure_key() {
   if [[ ! -f "$STATE/ssh/id_ed25519" ]]; then
     mkdir -p "$STATE/ssh"; chmod 0700 "$STATE/ssh"
@@ -442,6 +475,8 @@ raise_host_limits() {
   done
 }
 
+all_machines() { wanted_machines; directory_machine; }
+
 cmd_up() {
   validate_conf
   cmd_deps
@@ -457,8 +492,16 @@ cmd_up() {
       podman rm -f "$name" >/dev/null; say "$name removed (not in the lab's size any more)"
     fi
   done
+  # With the real management cluster the Cluster API machines are booted by the host agent, once
+  # the controllers have claimed and provisioned their hosts (mgmt_start); the directory is not one.
+  local booted_here=all_machines
+  [[ "$LAB_MANAGEMENT" == real ]] && booted_here=directory_machine
   while read -r name ip type; do machines start "$name" "$ip" "$type" </dev/null || die "booting $name failed"
-  done < <(wanted_machines; directory_machine)
+  done < <($booted_here)
+  if [[ "$LAB_MANAGEMENT" == real ]]; then
+    write_state
+    mgmt_start
+  fi
   say "waiting until every machine has booted and answers SSH"
   local ready=0
   while read -r name ip _; do machines ready "$name" "$ip" </dev/null || exit 1; ready=$((ready + 1))
@@ -474,12 +517,13 @@ cmd_sim() {
   validate_conf
   [[ -f "$STATE/machines.tsv" ]] || die "no lab machines: run 'make lab' first"
   local dir="$STATE/capi"
-  mkdir -p "$dir" "$STATE/logs"; chmod 0700 "$dir"
-  [[ -f "$dir/token" ]] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$dir/token")
-  # The cluster's munge key lives in the management cluster, as a Secret.
-  [[ -f "$dir/munge.key" ]] || (umask 077; head -c 1024 /dev/urandom >"$dir/munge.key")
-  # So does the accounting database's password (Secret metal3/slurmdbd, key password).
-  [[ -f "$dir/slurmdbd.pw" ]] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$dir/slurmdbd.pw")
+  # The cluster's munge key and the accounting database's password live in the management cluster.
+  lab_secrets
+  if [[ "$LAB_MANAGEMENT" == real ]]; then
+    mgmt_running || mgmt_start
+    write_lab_files
+    return
+  fi
   (umask 077; python3 "$LAB_DIR/capi_objects.py" "$STATE/machines.tsv" "$dir/objects.yaml" \
     --cluster "$LAB_NAME" --clusters "$LAB_CLUSTERS" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB" --pools "$LAB_POOLS" \
     --munge-key-file "$dir/munge.key" --slurmdbd-password-file "$dir/slurmdbd.pw" \
@@ -492,9 +536,7 @@ cmd_sim() {
     workload=(--workload "$LAB_NAME-k8s=$(cat "$dir/workload/url"),$dir/workload/token,$dir/workload/ca.crt")
   fi
   # The simulator's CAPI controller boots and removes lab machines with lab/machines.py.
-  export LAB_NAME LAB_SUITE LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_LOGIN LAB_GPU LAB_HIGHMEM LAB_SUBNET_PREFIX LAB_CPUS LAB_RAM_MIB LAB_STATE \
-    LAB_MUNGE_KEY_SOURCE LAB_CLUSTERS LAB_HA \
-    LAB_API_PORT="$API_PORT"
+  export_machine_settings
   PYTHONPATH="$LAB_DIR" nohup python3 -m capisim --bind 127.0.0.1 --port "$API_PORT" \
     --objects "$dir/objects.yaml" --token-file "$dir/token" --pid-file "$dir/sim.pid" \
     --capi-controller "python3 $LAB_DIR/machines.py" --deprovision-seconds "$LAB_DEPROVISION_SECONDS" \
@@ -510,6 +552,14 @@ PY
     (( $(date +%s) < deadline )) || die_with_log "starting capisim" "$STATE/logs/capisim.log"
     sleep 0.2
   done
+  write_kubeconfig "http://127.0.0.1:$API_PORT"
+  write_lab_files
+  (( LAB_BARE_METAL == 0 )) || wait_bare_metal
+}
+
+# The lab's kubeconfig for its management cluster (the admin token): write_kubeconfig URL [CA_FILE]
+write_kubeconfig() {
+  local dir="$STATE/capi"
   (umask 077; cat >"$dir/kubeconfig" <<EOF
 apiVersion: v1
 kind: Config
@@ -517,7 +567,8 @@ current-context: $LAB_NAME-mgmt
 clusters:
   - name: $LAB_NAME-mgmt
     cluster:
-      server: http://127.0.0.1:$API_PORT
+      server: $1
+${2:+      certificate-authority: $2}
 users:
   - name: $LAB_NAME-admin
     user:
@@ -529,6 +580,11 @@ contexts:
       user: $LAB_NAME-admin
 EOF
 )
+}
+
+# What the playbooks read of the running lab: the CAPI inventory source and the lab's group_vars.
+write_lab_files() {
+  local dir="$STATE/capi"
   cat >"$STATE/capi.capi_machines.yml" <<EOF
 # Written by lab/lab.sh: the lab's machines as Cluster API reports them.
 plugin: converged.hpc.capi_machines
@@ -536,6 +592,9 @@ kubeconfig: $dir/kubeconfig
 namespaces: [metal3]
 clusters: [$(lab_clusters | paste -sd, - | sed 's/,/, /g')]
 EOF
+  # Cluster API names a MachineDeployment's Machines <deployment>-<hash>-<random>: the hosts are named as
+  # their hardware (and Slurm) knows them
+  [[ "$LAB_MANAGEMENT" != real ]] || echo "host_naming: hostname" >>"$STATE/capi.capi_machines.yml"
   # The roles' lab settings are a checked-in file (lab/group_vars.yml); only the
   # facts of this running lab are written here.
   [[ -f "$LAB_DIR/group_vars.yml" ]] || die "the lab's role settings $LAB_DIR/group_vars.yml are missing"
@@ -559,9 +618,12 @@ EOF
       "slurm_controller_state_save_location: /srv/shared/slurm-state" \
       "slurm_controller_slurmctld_timeout: 10" >"$STATE/group_vars/all/ha.yml"
   fi
-  say "management cluster simulator on http://127.0.0.1:$API_PORT ($(grep -c '^kind: Machine$' \
-    "$dir/objects.yaml") Machines); inventory: $LAB_STATE/capi.capi_machines.yml"
-  (( LAB_BARE_METAL == 0 )) || wait_bare_metal
+  if [[ "$LAB_MANAGEMENT" == real ]]; then
+    say "management cluster (real controllers) on $(cat "$dir/mgmt/url"); inventory: $LAB_STATE/capi.capi_machines.yml"
+  else
+    say "management cluster simulator on http://127.0.0.1:$API_PORT ($(grep -c '^kind: Machine$' \
+      "$dir/objects.yaml") Machines); inventory: $LAB_STATE/capi.capi_machines.yml"
+  fi
 }
 
 # With a bare-metal pool: the compute and GPU MachineDeployments' Machines claim their hosts and
@@ -609,13 +671,107 @@ start_workload_api() {
   say "the Kubernetes workload cluster's API (kube-apiserver) on $(cat "$wdir/url") in $(elapsed "$t0") s"
 }
 
-# Stop the process a pid file names and wait until it has gone (5 s at most; a new one may bind the same
-# port); the file removed. False when there was none to stop.
+# The lab's secrets, made once (0600, never printed): the management cluster's admin token, the cluster's
+# munge key and the accounting database's password (Secrets metal3/munge-key and metal3/slurmdbd).
+lab_secrets() {
+  local dir="$STATE/capi"
+  mkdir -p "$dir" "$STATE/logs"; chmod 0700 "$dir"
+  [[ -f "$dir/token" ]] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$dir/token")
+  [[ -f "$dir/munge.key" ]] || (umask 077; head -c 1024 /dev/urandom >"$dir/munge.key")
+  [[ -f "$dir/slurmdbd.pw" ]] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$dir/slurmdbd.pw")
+}
+
+# The environment lab/machines.py reads, for what starts it in the background (simulator, host agent).
+export_machine_settings() {
+  export LAB_NAME LAB_SUITE LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_LOGIN LAB_GPU LAB_HIGHMEM LAB_SUBNET_PREFIX \
+    LAB_CPUS LAB_RAM_MIB LAB_STATE LAB_MUNGE_KEY_SOURCE LAB_CLUSTERS LAB_HA LAB_API_PORT="$API_PORT"
+}
+
+mgmt_running() {
+  [[ -f "$STATE/capi/mgmt.pid" && -s "$STATE/capi/mgmt/url" ]] && kill -0 "$(cat "$STATE/capi/mgmt.pid")" 2>/dev/null
+}
+
+# The real management cluster (LAB_MANAGEMENT=real): lab/mgmt.py starts kube-apiserver, etcd and the
+# three controller managers on loopback and writes what a site writes (lab/capi_objects.py --real); the
+# host agent (lab/hostagent.py) then boots each host the controllers provision. Returns when every
+# Machine the MachineDeployments want is Provisioned; the spare compute hosts are registered after.
+mgmt_start() {
+  local dir="$STATE/capi" t0 want
+  t0=$(date +%s%N)
+  local bin
+  for bin in kube-apiserver etcd cluster-api-manager capm3-manager baremetal-operator; do
+    [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/$bin" ]] \
+      || die "the real management cluster needs $bin in \$KUBEBUILDER_ASSETS ('${KUBEBUILDER_ASSETS:-}'): run 'make kube-assets' (or LAB_MANAGEMENT=sim)"
+  done
+  lab_secrets
+  real_hosts >"$dir/hosts.tsv"
+  (umask 077; python3 "$LAB_DIR/capi_objects.py" "$dir/hosts.tsv" "$dir/objects.yaml" --real \
+    --spares-out "$dir/spares.yaml" --cluster "$LAB_NAME" --clusters "$LAB_CLUSTERS" --cpus "$LAB_CPUS" \
+    --ram-mib "$LAB_RAM_MIB" --api-port "$API_PORT" --munge-key-file "$dir/munge.key" \
+    --slurmdbd-password-file "$dir/slurmdbd.pw")
+  agent_stop
+  mgmt_stop quiet
+  rm -rf "$dir/mgmt" "$dir/hostagent"; mkdir -p "$dir/mgmt"
+  say "starting the management cluster: kube-apiserver, etcd, Cluster API, CAPM3 and the Bare Metal Operator ($(head -c 200 "$KUBEBUILDER_ASSETS/versions" | tr '\n' ' '))"
+  setsid nohup python3 "$LAB_DIR/mgmt.py" serve "$dir/mgmt" --port "$API_PORT" --token-file "$dir/token" \
+    --objects "$dir/objects.yaml" --logs "$STATE/logs" >"$STATE/logs/mgmt.log" 2>&1 </dev/null &
+  echo $! >"$dir/mgmt.pid"
+  local deadline=$(( $(date +%s) + 240 ))
+  until [[ -s "$dir/mgmt/url" ]]; do
+    kill -0 "$(cat "$dir/mgmt.pid")" 2>/dev/null && (( $(date +%s) < deadline )) \
+      || die_with_log "starting the management cluster" "$STATE/logs/mgmt.log"
+    sleep 0.5
+  done
+  write_kubeconfig "$(cat "$dir/mgmt/url")" "$dir/mgmt/ca.crt"
+  export_machine_settings
+  setsid nohup python3 "$LAB_DIR/hostagent.py" --kubeconfig "$dir/kubeconfig" --state "$dir/hostagent" \
+    --provision-seconds "$LAB_PROVISION_SECONDS" --deprovision-seconds "$LAB_DEPROVISION_SECONDS" \
+    --pid-file "$dir/hostagent.pid" >>"$STATE/logs/hostagent.log" 2>&1 </dev/null &
+  say "management cluster on $(cat "$dir/mgmt/url") in $(elapsed "$t0") s ($(grep -c '^kind: BareMetalHost$' "$dir/objects.yaml") hosts registered); host agent running (log ${STATE#"$REPO_DIR"/}/logs/hostagent.log)"
+  want=$(wanted_machines | wc -l)
+  say "the controllers claim, provision and the host agent boots $want hosts"
+  python3 - "$dir/kubeconfig" "$want" <<'PY' || die_with_log "provisioning the lab's hosts" "$STATE/logs/hostagent.log"
+import json, ssl, sys, time, urllib.request
+import yaml
+config = yaml.safe_load(open(sys.argv[1]))
+server, ca = config["clusters"][0]["cluster"]["server"], config["clusters"][0]["cluster"]["certificate-authority"]
+token, want = config["users"][0]["user"]["token"], int(sys.argv[2])
+ctx = ssl.create_default_context(cafile=ca)
+deadline, phases = time.time() + 300, {}
+while True:
+    req = urllib.request.Request(server + "/apis/cluster.x-k8s.io/v1beta2/machines",
+                                 headers={"Authorization": "Bearer " + token})
+    items = json.load(urllib.request.urlopen(req, timeout=10, context=ctx))["items"]
+    phases = {m["metadata"]["name"]: (m.get("status") or {}).get("phase") for m in items}
+    if sum(1 for p in phases.values() if p in ("Provisioned", "Running")) >= want:
+        sys.exit(0)
+    if time.time() > deadline:
+        sys.exit("only %d of %d Machines Provisioned after 300 s: %s" % (
+            sum(1 for p in phases.values() if p in ("Provisioned", "Running")), want, phases))
+    time.sleep(1)
+PY
+  if grep -q '^kind: BareMetalHost$' "$dir/spares.yaml"; then
+    python3 "$LAB_DIR/mgmt.py" apply "$dir/kubeconfig" "$dir/spares.yaml"
+    say "$(grep -c '^kind: BareMetalHost$' "$dir/spares.yaml") spare compute host(s) registered (LAB_COMPUTE_HOSTS=$(compute_hosts))"
+  fi
+  say "$want Machines Provisioned in $(elapsed "$t0") s"
+}
+
+agent_stop() { stop_pidfile "$STATE/capi/hostagent.pid" || true; }
+
+mgmt_stop() {
+  if stop_pidfile "$STATE/capi/mgmt.pid" 15; then
+    [[ "${1:-}" == quiet ]] || say "stopped the management cluster"
+  fi
+}
+
+# Stop the process a pid file names and wait until it has gone ($2 s, 5 by default; a new one may bind the
+# same port); the file removed. False when there was none to stop.
 stop_pidfile() {
   local pid
   [[ -f "$1" ]] && pid=$(cat "$1") && kill -0 "$pid" 2>/dev/null || { rm -f "$1"; return 1; }
   kill "$pid"
-  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  for _ in $(seq $(( ${2:-5} * 10 ))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   rm -f "$1"
 }
 
@@ -768,6 +924,8 @@ cmd_status() {
 
 cmd_down() {
   cmd_events_stop
+  agent_stop
+  mgmt_stop
   cmd_sim_stop
   workload_api_stop
   local names attempt

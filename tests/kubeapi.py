@@ -313,10 +313,14 @@ def read_yaml(path):
 class KubeApiServer:
     """etcd and kube-apiserver from $KUBEBUILDER_ASSETS on loopback, the CRDs installed."""
 
-    def __init__(self, workdir, assets_dir=None, crds=CRDS):
+    def __init__(self, workdir, assets_dir=None, crds=CRDS, port=None, admin_token=ADMIN_TOKEN,
+                 test_users=True):
         """crds: a directory of CRD files, a list of them (each a directory, or (directory, labels) to
-        label every CRD of it), or None."""
+        label every CRD of it), or None. port: the secure port (a free one by default); admin_token: the
+        system:masters user's (the lab gives its own); test_users: also the tests' users with their fixed
+        tokens and roles (the lab has none of them)."""
         self.workdir = str(workdir)
+        self.port, self.admin_token, self.test_users = port, admin_token, test_users
         self.assets = assets_dir or assets()[0]
         self.crds = [crds] if isinstance(crds, str) else list(crds or [])
         self.procs = []
@@ -330,11 +334,13 @@ class KubeApiServer:
         os.makedirs(self.workdir, exist_ok=True)
         self._certificates()
         with open(os.path.join(self.workdir, "tokens.csv"), "w") as fh:
-            fh.write('%s,admin,admin-uid,"system:masters"\n' % ADMIN_TOKEN)
-            for token, (user, group, _rules) in sorted(ROLES.items()):
-                fh.write('%s,%s,%s-uid,"%s"\n' % (token, user, user, group))
-            fh.write('%s,nobody,nobody-uid\n' % NOBODY_TOKEN)
-        client, peer, port = free_port(), free_port(), free_port()
+            os.fchmod(fh.fileno(), 0o600)
+            fh.write('%s,admin,admin-uid,"system:masters"\n' % self.admin_token)
+            if self.test_users:
+                for token, (user, group, _rules) in sorted(ROLES.items()):
+                    fh.write('%s,%s,%s-uid,"%s"\n' % (token, user, user, group))
+                fh.write('%s,nobody,nobody-uid\n' % NOBODY_TOKEN)
+        client, peer, port = free_port(), free_port(), self.port or free_port()
         etcd_url = "http://127.0.0.1:%d" % client
         self._spawn("etcd", [os.path.join(self.assets, "etcd"), "--data-dir", os.path.join(self.workdir, "etcd"),
                              "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
@@ -354,7 +360,8 @@ class KubeApiServer:
         self._spawn("kube-apiserver", self._apiserver_argv)
         api = self.api()
         self._wait(lambda: api.request("GET", "/readyz")[1] == "ok", timeout, "/readyz")
-        self._rbac(api)
+        if self.test_users:
+            self._rbac(api)
         self._install_crds(api, timeout)
         self.started_in = time.monotonic() - t0
         return self
@@ -479,11 +486,12 @@ class KubeApiServer:
         self._wait(established, timeout, "the CRDs")
 
     # ---- clients
-    def api(self, token=ADMIN_TOKEN):
-        return Api(self.url, token, self.ca_cert)
+    def api(self, token=None):
+        return Api(self.url, token or self.admin_token, self.ca_cert)
 
-    def kubeconfig(self, path, token=ADMIN_TOKEN, context="envtest"):
-        """A kubeconfig file for this server with one user holding token; its path."""
+    def kubeconfig(self, path, token=None, context="envtest"):
+        """A kubeconfig file for this server with one user holding token (the admin's by default); its path."""
+        token = token or self.admin_token
         with open(self.ca_cert) as fh:
             import base64
             ca = base64.b64encode(fh.read().encode()).decode()

@@ -12,8 +12,10 @@ lifecycle playbooks' release.
 """
 
 import base64
+import json
 import os
 import subprocess
+import threading
 import time
 
 import pytest
@@ -248,3 +250,80 @@ def test_the_collection_holds_a_machine_for_the_real_cluster_api(management, tmp
     assert proc.returncode == 0 and "changed=1" in proc.stdout.split("PLAY RECAP")[-1], proc.stdout[-3000:]
     wait_for("the Machine gone", lambda: api.get(CAPI, "machines", ns, name) is None, controllers)
     wait_for("the host available again", lambda: host_states(api, ns) == {"hpc-host-0": "available"}, controllers)
+
+
+FAKE_MACHINES = '''import json, sys
+args = sys.argv[1:]
+entry = {"args": args}
+if args[0] == "machine-boot" and len(args) == 5:
+    entry["user_data"] = open(args[4]).read()
+with open(sys.argv[0] + ".log", "a") as fh:
+    fh.write(json.dumps(entry) + "\\n")
+if args[0] == "machine-boot":
+    print("%s %s 2 2000" % (args[1], args[2]))
+'''
+
+
+def test_the_lab_host_agent_boots_and_removes_what_the_controllers_provision(management, tmp_path):
+    """The lab's real management cluster as lab/lab.sh writes it (lab/capi_objects.py --real: hosts with their
+    hardware details annotation and BMC Secrets, a MachineDeployment and its template; lab/mgmt.py: the
+    cluster's kubeconfig Secret) and its host agent (lab/hostagent.py) with a stand-in for lab/machines.py
+    that records what it is asked: the host CAPM3 claims is booted once, with the node type its image names,
+    the address its hardware details give and the Machine's bootstrap data; the Machine is named by Cluster
+    API and carries the host's name as its Hostname address; scaled to 0, the machine is removed and the
+    host given back is kept unclaimable (paused) for the deprovisioning time, then released."""
+    import capi_objects
+    import hostagent
+    import mgmt
+    server, controllers = management
+    api = server.api()
+    hosts = [("lab-cn-01", "10.89.99.21", "compute"), ("lab-cn-02", "10.89.99.22", "compute")]
+    docs = capi_objects.real_objects(hosts[:1], "lab", 2, 2000, 6443)
+    for index, (name, address, node_type) in enumerate(hosts):
+        docs += capi_objects.real_host("lab", name, address, node_type, 2, 2000, index)
+    docs = [d for d in docs if d["kind"] != "MachineDeployment"] + [d for d in docs if d["kind"] == "MachineDeployment"]
+    # (without our hook: no Slurm here to drain, the Machine goes when scaled away)
+    docs[-1]["spec"]["template"]["metadata"]["annotations"].pop(HOOK)
+    user_data = "#cloud-config\nwrite_files: [{path: /etc/lab-test, content: booted}]\n"
+    docs.insert(0, {"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
+                    "metadata": {"name": "lab-compute", "namespace": "metal3"}, "data": {"value": b64(user_data)}})
+    mgmt.create_all(api, mgmt.cluster_kubeconfig_secrets(server, docs) + docs)
+    fake = tmp_path / "machines.py"
+    fake.write_text(FAKE_MACHINES)
+    log = tmp_path / "machines.py.log"
+    agent = hostagent.Agent(api, "metal3", str(tmp_path / "agent"), "python3 %s" % fake, deprovision_seconds=8)
+    os.makedirs(str(tmp_path / "agent"))
+    stopped = []
+    thread = threading.Thread(target=agent.run, args=(stopped, 0.5), daemon=True)
+    thread.start()
+
+    def calls():
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    try:
+        (machine,) = wait_for("the Machine Provisioned", lambda: provisioned_machines(api, "metal3", 1), controllers)
+        boots = wait_for("the host agent's boot", lambda: [c for c in calls() if c["args"][0] == "machine-boot"],
+                         controllers, timeout=60)
+        (boot,) = boots
+        host = boot["args"][1]
+        assert boot["args"] == ["machine-boot", host, dict((h[0], h[1]) for h in hosts)[host], "compute", boot["args"][4]]
+        assert boot["user_data"] == user_data
+        assert machine["metadata"]["name"].startswith("lab-compute-")
+        assert {"type": "Hostname", "address": host} in machine["status"]["addresses"]
+        assert {"type": "InternalIP", "address": boot["args"][2]} in machine["status"]["addresses"]
+        time.sleep(3)
+        assert len([c for c in calls() if c["args"][0] == "machine-boot"]) == 1  # booted once, not again
+
+        api.patch(CAPI, "machinedeployments", "metal3", "lab-compute", {"spec": {"replicas": 0}}, sub="scale")
+        wait_for("the host agent's removal", lambda: ["machine-remove", host] in [c["args"] for c in calls()],
+                 controllers)
+        removed = time.monotonic()
+        paused = wait_for("the host given back held", lambda: (api.get(BMH, "baremetalhosts", "metal3", host)
+                          ["metadata"].get("annotations") or {}).get(hostagent.PAUSED), controllers, timeout=30)
+        assert paused == hostagent.PAUSED_BY
+        wait_for("the hold released", lambda: hostagent.PAUSED not in (api.get(
+            BMH, "baremetalhosts", "metal3", host)["metadata"].get("annotations") or {}), controllers, timeout=30)
+        assert time.monotonic() - removed >= 6
+        wait_for("the host available", lambda: host_states(api, "metal3")[host] == "available", controllers)
+    finally:
+        stopped.append(True)
+        thread.join(10)

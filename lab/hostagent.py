@@ -1,0 +1,253 @@
+"""The lab's host agent: the hardware and the part of Ironic the lab plays, and nothing else.
+
+The Bare Metal Operator (test mode) walks each BareMetalHost through its states; this agent watches them
+and does to the lab's machines what a host's disk and power would see:
+- a host provisioning for a consumer (CAPM3 claimed it for a Metal3Machine and set its image and user
+  data): the lab machine of that host is booted anew (python3 lab/machines.py machine-boot) with the image
+  of the node type its image URL names (http://images.lab.invalid/<node type>.qcow2, the
+  Metal3MachineTemplate's) and the user data Secret CAPM3 put on the host (cloud-init runs it at first
+  boot), at the address the host's hardware details give (its first NIC's);
+- a host deprovisioning, or available with a machine still on it: the machine is removed;
+- a provisioned host powered off (spec.online false): the machine is stopped; on again: started.
+A machine that stopped by itself (killed, crashed) stays as it is: hardware does not come back by itself.
+
+Times are settings, as on real hardware (the reference hardware: 38.7 s provisioning, 145.2 s
+deprovisioning). --provision-seconds: the machine boots so long after its host started provisioning (the
+operator's test provisioner may already say provisioned: Ironic too reports a deploy done before the OS
+has booted). --deprovision-seconds: a host given back cannot be claimed again until so long after its
+machine was removed (the operator's paused annotation, which CAPM3 respects, while the test provisioner
+is done within a second or a requeue: cleaning takes minutes on real hardware).
+
+    python3 lab/hostagent.py --kubeconfig KUBECONFIG --namespace metal3 --state DIR
+"""
+
+import argparse
+import base64
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+import kubeapi  # noqa: E402  pylint: disable=wrong-import-position
+
+BMH = "metal3.io/v1alpha1"
+PAUSED = "baremetalhost.metal3.io/paused"
+PAUSED_BY = "converged-hpc-lab-hostagent"
+RUNNING_STATES = ("provisioning", "provisioned")
+GONE_STATES = ("deprovisioning", "available", "ready", "powering off before delete", "deleting")
+
+
+def say(message):
+    print("[hostagent %s] %s" % (time.strftime("%H:%M:%S"), message), flush=True)
+
+
+def api_from(kubeconfig):
+    with open(kubeconfig) as fh:
+        config = yaml.safe_load(fh)
+    cluster = config["clusters"][0]["cluster"]
+    return kubeapi.Api(cluster["server"], config["users"][0]["user"]["token"], cluster.get("certificate-authority"))
+
+
+def node_type_of(image_url):
+    base = (image_url or "").rstrip("/").rpartition("/")[2]
+    return base.split(".")[0] if base else None
+
+
+def address_of(host):
+    nics = (((host.get("status") or {}).get("hardware") or {}).get("nics")) or []
+    return next((nic["ip"] for nic in nics if nic.get("ip")), None)
+
+
+class Agent:
+    def __init__(self, api, namespace, state, machines_cmd, provision_seconds=0.0, deprovision_seconds=0.0):
+        self.api, self.ns, self.state = api, namespace, state
+        self.machines = shlex.split(machines_cmd)
+        self.hold = {"provisioning": provision_seconds, "deprovisioning": deprovision_seconds}
+        self.record_path = os.path.join(state, "hostagent.json")
+        try:
+            with open(self.record_path) as fh:
+                self.booted = json.load(fh)  # host -> what it was booted for ("consumer image")
+        except (OSError, ValueError):
+            self.booted = {}
+        self.stopped_by_us = set()
+        self.busy = set()
+        self.released = {}  # host -> when its machine was removed
+        self.lock = threading.Lock()
+        self.unreachable_since = None
+
+    def save(self):
+        with open(self.record_path + ".new", "w") as fh:
+            json.dump(self.booted, fh)
+        os.replace(self.record_path + ".new", self.record_path)
+
+    # ---- what a host's hardware does
+    def user_data(self, host):
+        ref = (host.get("spec") or {}).get("userData") or {}
+        if not ref.get("name"):
+            return None
+        secret = self.api.get("v1", "secrets", ref.get("namespace") or self.ns, ref["name"])
+        value = ((secret or {}).get("data") or {}).get("value")
+        return base64.b64decode(value) if value else None
+
+    def boot(self, name, key, host):
+        t0 = time.monotonic()
+        try:
+            time.sleep(self.hold["provisioning"])
+            node_type, address = node_type_of(host["spec"]["image"]["url"]), address_of(host)
+            if not node_type or not address:
+                raise RuntimeError("host %s: no node type in its image URL (%s) or no address in its hardware"
+                                   % (name, host["spec"]["image"].get("url")))
+            data = self.user_data(host)
+            with tempfile.NamedTemporaryFile(prefix="userdata-", dir=self.state) as fh:
+                args = self.machines + ["machine-boot", name, address, node_type]
+                if data is not None:
+                    fh.write(data)
+                    fh.flush()
+                    args.append(fh.name)
+                proc = subprocess.run(args, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise RuntimeError(proc.stderr.strip()[-800:])
+            with self.lock:
+                self.booted[name] = key
+                self.save()
+            say("%s booted as %s at %s for %s in %.1f s%s" % (
+                name, node_type, address, host["spec"]["consumerRef"]["name"], time.monotonic() - t0,
+                " (with its user data)" if data is not None else ""))
+        except Exception as exc:  # pylint: disable=broad-except
+            say("ERROR: booting %s failed: %s" % (name, exc))
+        finally:
+            with self.lock:
+                self.busy.discard(name)
+
+    def remove(self, name, why):
+        try:
+            subprocess.run(self.machines + ["machine-remove", name], capture_output=True, text=True, check=True)
+            with self.lock:
+                if self.hold["deprovisioning"]:
+                    self.released[name] = time.monotonic()
+                self.booted.pop(name, None)
+                self.stopped_by_us.discard(name)
+                self.save()
+            say("%s removed (%s)" % (name, why))
+        except subprocess.CalledProcessError as exc:
+            say("ERROR: removing %s failed: %s" % (name, exc.stderr.strip()[-500:]))
+        finally:
+            with self.lock:
+                self.busy.discard(name)
+
+    @staticmethod
+    def container_state(name):
+        proc = subprocess.run(["podman", "inspect", "-f", "{{.State.Status}}", name], capture_output=True,
+                              text=True, check=False)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    def power(self, name, online):
+        state = self.container_state(name)
+        if not online and state == "running":
+            subprocess.run(["podman", "stop", "-t", "5", name], capture_output=True, check=False)
+            self.stopped_by_us.add(name)
+            say("%s powered off" % name)
+        elif online and name in self.stopped_by_us and state in ("exited", "stopped", "created"):
+            subprocess.run(["podman", "start", name], capture_output=True, check=False)
+            self.stopped_by_us.discard(name)
+            say("%s powered on" % name)
+
+    # ---- the Ironic pace
+    def pace(self, host):
+        """Keep a host given back paused (unclaimable) until --deprovision-seconds after its machine went."""
+        meta = host["metadata"]
+        name = meta["name"]
+        released = self.released.get(name)
+        paused = (meta.get("annotations") or {}).get(PAUSED) == PAUSED_BY
+        want = released is not None and time.monotonic() - released < self.hold["deprovisioning"]
+        if released is not None and not want:
+            self.released.pop(name, None)
+        if want != paused:
+            self.api.patch(BMH, "baremetalhosts", self.ns, name,
+                           {"metadata": {"annotations": {PAUSED: PAUSED_BY if want else None}}})
+
+    # ---- one look at every host
+    def tick(self):
+        hosts = self.api.list(BMH, "baremetalhosts", self.ns)
+        for host in hosts:
+            name, spec = host["metadata"]["name"], host.get("spec") or {}
+            state = ((host.get("status") or {}).get("provisioning") or {}).get("state")
+            consumer = (spec.get("consumerRef") or {}).get("name")
+            image = (spec.get("image") or {}).get("url")
+            if name in self.released or (host["metadata"].get("annotations") or {}).get(PAUSED) == PAUSED_BY:
+                self.pace(host)
+            with self.lock:
+                if name in self.busy:
+                    continue
+                if state in RUNNING_STATES and consumer and image:
+                    key = "%s %s" % (consumer, image)
+                    if self.booted.get(name) != key:
+                        self.busy.add(name)
+                        threading.Thread(target=self.boot, args=(name, key, host), daemon=True).start()
+                        continue
+                    booted = True
+                else:
+                    booted = False
+                known = name in self.booted
+            if booted:
+                self.power(name, bool(spec.get("online")))
+            elif state in GONE_STATES and (known or self.container_state(name) is not None):
+                with self.lock:
+                    self.busy.add(name)
+                threading.Thread(target=self.remove, args=(name, "host %s" % state), daemon=True).start()
+
+    def run(self, stopped, interval=1.0):
+        say("watching BareMetalHosts in %s (machines boot %ss after provisioning starts, hosts claimable %ss "
+            "after their machine is removed)"
+            % (self.ns, self.hold["provisioning"], self.hold["deprovisioning"]))
+        while not stopped:
+            try:
+                self.tick()
+                if self.unreachable_since is not None:
+                    say("the management cluster answers again")
+                self.unreachable_since = None
+            except (OSError, kubeapi.ApiError) as exc:
+                if self.unreachable_since is None:
+                    self.unreachable_since = time.monotonic()
+                    say("the management cluster does not answer (%s): retrying" % exc)
+            except Exception:  # pylint: disable=broad-except
+                say("ERROR (the agent goes on):\n" + traceback.format_exc())
+            time.sleep(interval)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="lab/hostagent.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--namespace", default="metal3")
+    ap.add_argument("--state", required=True, help="where the agent keeps what it booted")
+    ap.add_argument("--machines", default="python3 %s" % os.path.join(REPO, "lab", "machines.py"),
+                    help="the command that boots and removes lab machines")
+    ap.add_argument("--provision-seconds", type=float, default=0.0)
+    ap.add_argument("--deprovision-seconds", type=float, default=0.0)
+    ap.add_argument("--pid-file")
+    args = ap.parse_args(argv)
+    os.makedirs(args.state, exist_ok=True)
+    if args.pid_file:
+        with open(args.pid_file, "w") as fh:
+            fh.write(str(os.getpid()))
+    stopped = []
+    signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+    signal.signal(signal.SIGINT, lambda *_: stopped.append(True))
+    Agent(api_from(args.kubeconfig), args.namespace, args.state, args.machines, args.provision_seconds,
+          args.deprovision_seconds).run(stopped)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
