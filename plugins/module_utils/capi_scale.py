@@ -8,7 +8,9 @@ from, and both undone when the change does not happen.
 API access only; the module (plugins/modules/capi_scale.py), its action plugin (the same work in the
 controller's process) and the tests use it. A real kube-apiserver takes only a merge patch or a JSON
 patch on a custom resource's /scale (a strategic merge patch is 415): the JSON patch's "test" makes a
-concurrent change of the replicas a refusal (422) instead of a lost update.
+concurrent change of the replicas a refusal (422) instead of a lost update. At 0 replicas a real
+server's Scale has no spec.replicas (autoscaling/v1's omitempty) and a test of 0 is refused: from 0 the
+Scale is read again after step 1 and the write tests that resourceVersion instead.
 
 The order keeps every state a failure can leave one the next run reads correctly:
 
