@@ -81,5 +81,14 @@ class Lab:
         return self.sh(*args, check=False)
 
 
+def machine_of(co, host, namespace="metal3"):
+    """The Machine (a dict) whose host is named host (its Hostname address: CAPM3 copies the host's
+    hardware hostname there), or None. Real Cluster API names Machines after their MachineSet, not their
+    host: the lab's machines are named after their hosts."""
+    items = co.list_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", namespace, "machines")["items"]
+    return next((m for m in items if host in {a["address"] for a in (m.get("status") or {}).get("addresses") or []
+                                                if a["type"] == "Hostname"}), None)
+
+
 def has_podman():
     return subprocess.run(["which", "podman"], capture_output=True, check=False).returncode == 0

@@ -23,7 +23,7 @@ import time
 import pytest
 from kubernetes import client, config
 
-from labkit import REPO, Lab, has_podman, wait_for
+from labkit import REPO, Lab, has_podman, machine_of, wait_for
 
 # the lab default munge key source (secret) runs in make lab; this lab generates its key
 # accounting on a machine of its own (elab-db-01): it outlives either controller
@@ -661,18 +661,19 @@ def test_a_reconcile_after_a_takeover_registers_each_idle_node_again_and_leaves_
 
 def test_the_primary_controller_machine_deleted_hands_over_then_releases(lab):
     global CTL
-    assert HOOK in lab.get_namespaced_custom_object(G, V, NS, "machines", PRIMARY)["metadata"]["annotations"]
+    primary = machine_of(lab, PRIMARY)["metadata"]["name"]
+    assert HOOK in lab.get_namespaced_custom_object(G, V, NS, "machines", primary)["metadata"]["annotations"]
     job = submit(seconds=30)
-    mark_for_deletion(lab, lab.get_namespaced_custom_object(G, V, NS, "machines", PRIMARY))
+    mark_for_deletion(lab, lab.get_namespaced_custom_object(G, V, NS, "machines", primary))
     lab.patch_namespaced_custom_object_scale(G, V, NS, "machinedeployments", "elab-controller",
                                              {"spec": {"replicas": 1}})
     wait_for("the primary's Machine to be Deleting", lambda: lab.get_namespaced_custom_object(
-        G, V, NS, "machines", PRIMARY).get("status", {}).get("phase") == "Deleting", 60)
+        G, V, NS, "machines", primary).get("status", {}).get("phase") == "Deleting", 60)
     started = time.time()
     res = LAB.playbook("scale_down.yml")
     assert res.returncode == 0, res.stdout[-3000:]
     CTL = BACKUP
-    wait_for("the primary's Machine to be gone", lambda: PRIMARY not in
+    wait_for("the primary's Machine to be gone", lambda: primary not in
              {m["metadata"]["name"] for m in lab.list_namespaced_custom_object(G, V, NS, "machines")["items"]}, 120)
     safe = time.time()
     assert PRIMARY not in containers()
@@ -685,18 +686,19 @@ def test_the_primary_controller_machine_deleted_hands_over_then_releases(lab):
 def test_the_last_controller_keeps_its_hook(lab):
     # site.yml put the hook on the controller's Machine too; the backup is the last one now
     assert CTL == BACKUP
-    assert HOOK in lab.get_namespaced_custom_object(G, V, NS, "machines", CTL)["metadata"]["annotations"]
+    last = machine_of(lab, CTL)["metadata"]["name"]
+    assert HOOK in lab.get_namespaced_custom_object(G, V, NS, "machines", last)["metadata"]["annotations"]
     pid = main_pid(CTL, "slurmctld")
     # a mistaken scale of the controllers' MachineDeployment to 0
     lab.patch_namespaced_custom_object_scale(G, V, NS, "machinedeployments", "elab-controller",
                                              {"spec": {"replicas": 0}})
     wait_for("the controller's Machine to be Deleting", lambda: lab.get_namespaced_custom_object(
-        G, V, NS, "machines", CTL).get("status", {}).get("phase") == "Deleting", 60)
+        G, V, NS, "machines", last).get("status", {}).get("phase") == "Deleting", 60)
     res = LAB.playbook("scale_down.yml")
     assert res.returncode != 0
     assert re.search(r"Machine metal3/%s is being deleted, but %s is the last\s+live Slurm controller"
-                     % (CTL, CTL), res.stdout), res.stdout[-3000:]
-    held = lab.get_namespaced_custom_object(G, V, NS, "machines", CTL)
+                     % (last, CTL), res.stdout), res.stdout[-3000:]
+    held = lab.get_namespaced_custom_object(G, V, NS, "machines", last)
     assert HOOK in held["metadata"]["annotations"] and held["metadata"].get("deletionTimestamp")
     # Slurm goes on: the same slurmctld, and a job runs
     assert main_pid(CTL, "slurmctld") == pid and "is UP" in on(CTL, "scontrol ping").stdout

@@ -14,8 +14,9 @@ from kubernetes import client, config
 
 from labkit import Lab, has_podman, wait_for
 
+# two compute hosts: the scale-up claims the second
 LAB = Lab("rlab", "10.89.92", 16492, ".lab/e2e-releases", LAB_SUITE="bookworm", LAB_COMPUTE="1",
-          LAB_DIRECTORY="0")
+          LAB_DIRECTORY="0", LAB_COMPUTE_HOSTS="2")
 # the same lab's machines from the Debian 13 image (Slurm 24.11)
 TRIXIE = Lab("rlab", "10.89.92", 16492, ".lab/e2e-releases", LAB_SUITE="trixie", LAB_COMPUTE="1", LAB_DIRECTORY="0")
 sh, on = LAB.sh, LAB.on
