@@ -8,7 +8,9 @@ and does to the lab's machines what a host's disk and power would see:
   Metal3MachineTemplate's) and the user data Secret CAPM3 put on the host (cloud-init runs it at first
   boot), at the address the host's hardware details give (its first NIC's);
 - a host deprovisioning, or available with a machine still on it: the machine is removed;
-- a provisioned host powered off (spec.online false): the machine is stopped; on again: started.
+- a provisioned host powered off (spec.online false): the machine is stopped; on again: started;
+- a host provisioning while another deprovisions is paused until that one is done: the operator's test
+  provisioner keeps one image state for all hosts, and the two would undo each other for good.
 A machine that stopped by itself (killed, crashed) stays as it is: hardware does not come back by itself.
 
 Times are settings, as on real hardware (the reference hardware: 38.7 s provisioning, 145.2 s
@@ -163,15 +165,19 @@ class Agent:
             say("%s powered on" % name)
 
     # ---- the Ironic pace
-    def pace(self, host):
-        """Keep a host given back paused (unclaimable) until --deprovision-seconds after its machine went."""
+    def pace(self, host, state, deprovisioning):
+        """Keep a host given back paused (unclaimable) until --deprovision-seconds after its machine went; and
+        a host provisioning paused while another deprovisions: the operator's test provisioner keeps one
+        image state for all its hosts, which a provisioning sets and a deprovisioning clears, each undoing
+        the other's at every requeue (both stuck for good). A deprovisioning clears only: it goes first."""
         meta = host["metadata"]
         name = meta["name"]
         released = self.released.get(name)
         paused = (meta.get("annotations") or {}).get(PAUSED) == PAUSED_BY
-        want = released is not None and time.monotonic() - released < self.hold["deprovisioning"]
-        if released is not None and not want:
+        held = released is not None and time.monotonic() - released < self.hold["deprovisioning"]
+        if released is not None and not held:
             self.released.pop(name, None)
+        want = held or (state == "provisioning" and bool(deprovisioning))
         if want != paused:
             self.api.patch(BMH, "baremetalhosts", self.ns, name,
                            {"metadata": {"annotations": {PAUSED: PAUSED_BY if want else None}}})
@@ -179,13 +185,16 @@ class Agent:
     # ---- one look at every host
     def tick(self):
         hosts = self.api.list(BMH, "baremetalhosts", self.ns)
+        deprovisioning = [h["metadata"]["name"] for h in hosts
+                          if ((h.get("status") or {}).get("provisioning") or {}).get("state") == "deprovisioning"]
         for host in hosts:
             name, spec = host["metadata"]["name"], host.get("spec") or {}
             state = ((host.get("status") or {}).get("provisioning") or {}).get("state")
             consumer = (spec.get("consumerRef") or {}).get("name")
             image = (spec.get("image") or {}).get("url")
-            if name in self.released or (host["metadata"].get("annotations") or {}).get(PAUSED) == PAUSED_BY:
-                self.pace(host)
+            if name in self.released or state == "provisioning" \
+                    or (host["metadata"].get("annotations") or {}).get(PAUSED) == PAUSED_BY:
+                self.pace(host, state, deprovisioning)
             with self.lock:
                 if name in self.busy:
                     continue
