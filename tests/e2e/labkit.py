@@ -86,8 +86,10 @@ def machine_of(co, host, namespace="metal3"):
     hardware hostname there), or None. Real Cluster API names Machines after their MachineSet, not their
     host: the lab's machines are named after their hosts."""
     items = co.list_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", namespace, "machines")["items"]
-    return next((m for m in items if host in {a["address"] for a in (m.get("status") or {}).get("addresses") or []
-                                                if a["type"] == "Hostname"}), None)
+
+    def hostnames(machine):
+        return {a["address"] for a in (machine.get("status") or {}).get("addresses") or [] if a["type"] == "Hostname"}
+    return next((m for m in items if host in hostnames(m)), None)
 
 
 def has_podman():
