@@ -84,6 +84,7 @@ class Agent:
         self.stopped_by_us = set()
         self.busy = set()
         self.released = {}  # host -> when its machine was removed
+        self.retry = {}  # host -> (when a failed boot may be tried again, the wait before that)
         self.lock = threading.Lock()
         self.unreachable_since = None
 
@@ -121,12 +122,16 @@ class Agent:
                 raise RuntimeError(proc.stderr.strip()[-800:])
             with self.lock:
                 self.booted[name] = key
+                self.retry.pop(name, None)
                 self.save()
             say("%s booted as %s at %s for %s in %.1f s%s" % (
                 name, node_type, address, host["spec"]["consumerRef"]["name"], time.monotonic() - t0,
                 " (with its user data)" if data is not None else ""))
         except Exception as exc:  # pylint: disable=broad-except
-            say("ERROR: booting %s failed: %s" % (name, exc))
+            with self.lock:  # tried again later: 5 s, then twice as long each time, a minute at most
+                wait = min(60.0, 2 * self.retry.get(name, (0, 2.5))[1])
+                self.retry[name] = (time.monotonic() + wait, wait)
+            say("ERROR: booting %s failed (again in %.0f s): %s" % (name, wait, exc))
         finally:
             with self.lock:
                 self.busy.discard(name)
@@ -201,12 +206,15 @@ class Agent:
                 if state in RUNNING_STATES and consumer and image:
                     key = "%s %s" % (consumer, image)
                     if self.booted.get(name) != key:
+                        if time.monotonic() < self.retry.get(name, (0, 0))[0]:
+                            continue
                         self.busy.add(name)
                         threading.Thread(target=self.boot, args=(name, key, host), daemon=True).start()
                         continue
                     booted = True
                 else:
                     booted = False
+                    self.retry.pop(name, None)  # a later claim boots at once
                 known = name in self.booted
             if booted:
                 self.power(name, bool(spec.get("online")))
