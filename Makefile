@@ -127,12 +127,15 @@ beside = set +e; \
 	$(MAKE) -s e2e-elastic >.lab/logs/e2e-elastic.log 2>&1 & elastic_pid=$$!; \
 	( $(MAKE) -s e2e-autoscale >.lab/logs/e2e-autoscale.log 2>&1; echo $$? >.lab/logs/e2e-autoscale.rc; \
 	  $(or $(3),true) >.lab/logs/checks.log 2>&1; echo $$? >.lab/logs/checks.rc ) & second_pid=$$!; \
-	$(2); others=$$?; \
+	$(2) 2>&1 | tee .lab/logs/$(1)-others.log; others=$${PIPESTATUS[0]}; \
 	wait $$elastic_pid; elastic=$$?; wait $$second_pid; \
 	autoscale=$$(cat .lab/logs/e2e-autoscale.rc); checks=$$(cat .lab/logs/checks.rc); \
 	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)), then the shared pool ($(E2E_CONVERGED)):"; cat .lab/logs/e2e-elastic.log; \
 	echo "[$(1)] the autoscale lab ($(E2E_AUTOSCALE)):"; cat .lab/logs/e2e-autoscale.log; \
 	$(if $(3),echo "[$(1)] after the autoscale lab$(comma) $(3):"; cat .lab/logs/checks.log;) \
+	echo "[$(1)] what failed (pytest's FAILED/ERROR lines, molecule's failed scenarios), if anything:"; \
+	grep -hE '^(FAILED|ERROR) |CRITICAL|Molecule executed .*failed' .lab/logs/$(1)-others.log .lab/logs/e2e-elastic.log \
+	  .lab/logs/e2e-autoscale.log .lab/logs/checks.log 2>/dev/null | cut -c1-300 || true; \
 	echo "[$(1)] exit codes: $(2): $$others, the elastic lab: $$elastic, the autoscale lab: $$autoscale$(if $(3),$(comma) $(3): $$checks)"; \
 	test $$others -eq 0 && test $$elastic -eq 0 && test $$autoscale -eq 0 && test $$checks -eq 0
 
