@@ -59,8 +59,13 @@ def playbook(repo, state, name, extra_vars=()):
            os.path.join(repo, "playbooks", name)]
     for ev in extra_vars:
         cmd += ["-e", ev]
-    with open(os.path.join(state, "logs", name.replace(".yml", ".log")), "w") as out:
+    path = os.path.join(state, "logs", name.replace(".yml", ".log"))
+    with open(path, "w") as out:
         rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+    if rc != 0:  # what failed, said here: the log is written again by the next run
+        with open(path) as handle:
+            failed = [line.rstrip() for line in handle if line.startswith(("fatal:", "failed:", "ERROR!"))]
+        print("\n".join(failed[-10:]), flush=True)
     return rc
 
 

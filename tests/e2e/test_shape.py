@@ -425,10 +425,11 @@ def test_drift_on_any_host_converges_everything_again(lab):
     assert NOTHING_TO_DO not in res.stdout and "converging in full" in res.stdout
     why = re.search(r"converging in full.*", res.stdout).group(0)
     assert "%s: /etc/default/slurmd changed" % CN in res.stdout
-    assert "%s: unit sssd is loaded/inactive/enabled (was loaded/active/enabled)" % CTL in res.stdout
-    assert "%s: the Machine lacks the deletion hook" % CTL in res.stdout
-    # asked on the controller: what slurmctld forgot on its restart, and the record deleted by hand
+    # the controller's reasons: its Machine's hook first, then its own state, then what slurmctld, asked
+    # there, says: what it forgot on its restart, and the record deleted by hand
     ctl_reasons = re.search(r"; %s: ([^;]*)" % CTL, why).group(1)
+    assert ctl_reasons.startswith("the Machine lacks the deletion hook, "), why
+    assert "unit sssd is loaded/inactive/enabled (was loaded/active/enabled)" in ctl_reasons, why
     assert ("node %s's record has MemSpecLimit 0, it declares 256" % CN in ctl_reasons) == forgets, why
     assert "Slurm has no record of node %s" % HM in ctl_reasons, why
     assert "converged.hpc.slurm_controller" in role_tasks(res.stdout)  # every host, not only the three
