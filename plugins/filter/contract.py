@@ -87,7 +87,7 @@ contract: >-
 
 RETURN = r"""
 _value:
-  description: C(errors) (a list of sentences), C(hosts) (name, groups, vars of each Slurm host),
+  description: C(errors) (a list of sentences), C(hosts) (name, groups, vars of each Slurm host, by Slurm node name: the first controller is the primary),
     C(nodesets) (name, feature, partitions), C(ignored) (hosts of node types the contract does not know),
     C(slurmdbd) (the host that runs slurmdbd, empty when accounting is off), C(gres_types) (every GRES name
     the node types and hosts declare, for GresTypes).
@@ -328,6 +328,10 @@ def contract(hostvars, groups, node_types, partitions, cluster="", play_hosts=No
                     errors.append("host %s: %s: %s" % (name, where, exc))
             host_vars["converged_slurm_gres"] = gres
         result["hosts"].append({"name": name, "groups": host_groups, "vars": host_vars})
+    # the groups list their hosts by Slurm node name, whatever order the inventory gave: the first controller
+    # (slurm.conf's primary, keepalived's first) is the one whose name sorts first, never the one whose Cluster
+    # API Machine name (random letters at its end) happens to
+    result["hosts"].sort(key=lambda h: (h["vars"]["converged_slurm_node_name"], h["name"]))
     if accounting:
         _choose_slurmdbd(result, node_types, accounting_node_type)
     result["gres_types"] = gres_types(declared)

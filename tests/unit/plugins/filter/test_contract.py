@@ -271,3 +271,18 @@ def test_gres_conf_lines_per_node_with_device_files_or_counts():
     # slurmd finds the GPUs itself (NVML): only the other GRES are spelled out
     assert gres_conf(["m-gpu-1"], hv, devices, autodetect="nvml") == [
         "AutoDetect=nvml", "NodeName=gpu-1 Name=nvme Count=1"]
+
+
+def test_hosts_come_by_slurm_node_name_so_the_primary_is_the_first_name_not_the_first_machine():
+    # Cluster API names a MachineDeployment's Machines <deployment>-<hash>-<random>: the inventory lists them
+    # in that order, which says nothing of the hosts; ctl-01 is the primary whatever its Machine is called
+    hv = {"clab-controller-x7b2q-abcde": capi("controller", hostname="ctl-02"),
+          "clab-controller-x7b2q-zzzzz": capi("controller", hostname="ctl-01"),
+          "clab-compute-k2m9d-aaaaa": capi("compute", hostname="cn-02"),
+          "clab-compute-k2m9d-bbbbb": capi("compute", hostname="cn-01")}
+    res = run(hv)
+    assert res["errors"] == []
+    order = [h["vars"]["converged_slurm_node_name"] for h in res["hosts"]]
+    assert order == ["cn-01", "cn-02", "ctl-01", "ctl-02"]
+    controllers = [h["name"] for h in res["hosts"] if "converged_controller" in h["groups"]]
+    assert controllers == ["clab-controller-x7b2q-zzzzz", "clab-controller-x7b2q-abcde"]
