@@ -15,7 +15,7 @@ ifeq ($(origin KUBEBUILDER_ASSETS),undefined)
 export KUBEBUILDER_ASSETS := $(KUBE_ASSETS)
 endif
 
-.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images unit lint sanity molecule molecule-22.05 e2e e2e-releases e2e-elastic e2e-autoscale e2e-others test build ee
+.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images unit lint sanity molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others test build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -116,9 +116,11 @@ comma := ,
 E2E_ELASTIC := tests/e2e/test_elastic.py
 E2E_AUTOSCALE := tests/e2e/test_autoscale.py
 E2E_RELEASES := tests/e2e/test_releases.py
+# two clusters in one management cluster: in the second stream, after the Slurm 22.05 lab (the streams' lengths)
+E2E_TWO := tests/e2e/test_two_clusters.py
 # the pool shared with a Kubernetes workload cluster runs after the elastic lab, in its stream
 E2E_CONVERGED := tests/e2e/test_converged.py
-E2E_OTHERS := $(filter-out $(E2E_ELASTIC) $(E2E_AUTOSCALE) $(E2E_RELEASES) $(E2E_CONVERGED),$(sort $(wildcard tests/e2e/test_*.py)))
+E2E_OTHERS := $(filter-out $(E2E_ELASTIC) $(E2E_AUTOSCALE) $(E2E_RELEASES) $(E2E_CONVERGED) $(E2E_TWO),$(sort $(wildcard tests/e2e/test_*.py)))
 E2E_RUN := $(PYTHON) -m pytest -q --durations=8
 # $(call beside,WHO,OTHERS,AFTER): the elastic lab in the background, and the autoscale lab followed
 # by the command AFTER (if any) in the background (their output in .lab/logs/e2e-elastic.log,
@@ -141,7 +143,7 @@ beside = set +e; \
 
 e2e: dev-collection images kube-assets
 	@mkdir -p .lab/logs
-	@$(call beside,e2e,$(MAKE) -s e2e-others,$(MAKE) -s e2e-releases)
+	@$(call beside,e2e,$(MAKE) -s e2e-others,$(MAKE) -s e2e-releases e2e-two)
 
 e2e-elastic: dev-collection images kube-assets
 	$(E2E_RUN) $(E2E_ELASTIC) $(E2E_CONVERGED)
@@ -156,10 +158,14 @@ e2e-others: dev-collection images kube-assets
 e2e-releases: dev-collection images kube-assets
 	$(E2E_RUN) $(E2E_RELEASES)
 
+## make e2e-two    two Slurm clusters in one management cluster, each converged on its own
+e2e-two: dev-collection images kube-assets
+	$(E2E_RUN) $(E2E_TWO)
+
 ## make test       everything CI runs (installs what is missing first): the real servers (make
 ##                 kube-assets, CPU) built while the lab images build (mostly downloads), then three
 ##                 streams at once: the elastic lab, then the shared pool lab; the autoscale lab, then pytest, lint and sanity,
-##                 then the Slurm 22.05 lab and the cluster scenario on 22.05; the molecule scenarios,
+##                 then the Slurm 22.05 lab, the two clusters lab and the cluster scenario on 22.05; the molecule scenarios,
 ##                 then the other labs (the first two streams' output is printed at the end, and kept
 ##                 in .lab/logs/)
 test: deps
@@ -167,7 +173,7 @@ test: deps
 	@set +e; ( set -o pipefail; $(MAKE) -s kube-assets 2>&1 | tee .lab/logs/kube-assets.log ) & kube_pid=$$!; \
 	  $(MAKE) images dev-collection; images=$$?; wait $$kube_pid; kube=$$?; \
 	  echo "[test] exit codes: images: $$images, kube-assets: $$kube"; test $$images -eq 0 && test $$kube -eq 0
-	@$(call beside,test,$(MAKE) molecule e2e-others,$(MAKE) unit lint e2e-releases molecule-22.05)
+	@$(call beside,test,$(MAKE) molecule e2e-others,$(MAKE) unit lint e2e-releases e2e-two molecule-22.05)
 
 ## make build      build the collection tarball
 build:
