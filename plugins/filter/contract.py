@@ -87,7 +87,7 @@ contract: >-
 
 RETURN = r"""
 _value:
-  description: C(errors) (a list of sentences), C(hosts) (name, groups, vars of each Slurm host, by Slurm node name: the first controller is the primary),
+  description: C(errors) (a list of sentences), C(hosts) (name, groups, vars of each Slurm host, by Slurm node name, so the first controller is the primary),
     C(nodesets) (name, feature, partitions), C(ignored) (hosts of node types the contract does not know),
     C(slurmdbd) (the host that runs slurmdbd, empty when accounting is off), C(gres_types) (every GRES name
     the node types and hosts declare, for GresTypes).

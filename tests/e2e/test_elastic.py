@@ -274,10 +274,27 @@ def assert_held(co, machine):
     return held
 
 
-def wait_gone(co, machine, timeout=120):
-    """Cluster API removed the Machine (its hook was released, its host deprovisioned)."""
+def machines_state(co):
+    """Each compute Machine's phase, deletion and hooks, and each host's provisioning state: why one is not gone."""
+    lines = []
+    for m in compute_machines(co):
+        hooks = sorted(k for k in m["metadata"].get("annotations", {}) if "hook.machine.cluster.x-k8s.io" in k)
+        lines.append("Machine %s: phase %s, deleting since %s, hooks %s, conditions %s" % (
+            m["metadata"]["name"], m.get("status", {}).get("phase"), m["metadata"].get("deletionTimestamp"), hooks,
+            [(c["type"], c["status"], c.get("reason")) for c in m.get("status", {}).get("conditions", [])
+             if c["status"] != "True"]))
+    for h in co.list_namespaced_custom_object("metal3.io", "v1alpha1", NS, "baremetalhosts")["items"]:
+        lines.append("BareMetalHost %s: %s, consumer %s, deleting since %s" % (
+            h["metadata"]["name"], h.get("status", {}).get("provisioning", {}).get("state"),
+            (h["spec"].get("consumerRef") or {}).get("name"), h["metadata"].get("deletionTimestamp")))
+    return "\n".join(lines)
+
+
+def wait_gone(co, machine, timeout=300):
+    """Cluster API removed the Machine (its hook was released, its host deprovisioned: at the Bare Metal Operator's
+    pace, minutes on a loaded machine)."""
     wait_for("Machine %s to be gone" % machine["metadata"]["name"], lambda: machine["metadata"]["name"] not in
-             {m["metadata"]["name"] for m in compute_machines(co)}, timeout)
+             {m["metadata"]["name"] for m in compute_machines(co)}, timeout, explain=lambda: machines_state(co))
 
 
 def victims(co, count):
@@ -422,7 +439,7 @@ def test_two_scale_downs_and_a_scale_up_at_once(lab):
     completed(jobs)
     names = {hostname(m) for m in leaving}
     wait_for("the leaving Machines to be gone", lambda: not (names & {hostname(m) for m in compute_machines(lab)}),
-             120)
+             300, explain=lambda: machines_state(lab))
     nodes = slurm_nodes()
     assert len(nodes) == 1 and not (names & set(nodes)) and set(nodes.values()) == {"idle"}, nodes
     record("two scale-downs and a scale-up at once: start -> all done", time.time() - started)
@@ -456,7 +473,7 @@ def test_reconcile_converges_every_difference_at_once(lab):
     assert sh("python3", "lab/scale.py", "1", "--no-playbook", check=False).returncode == 0
     lab.patch_namespaced_custom_object(G, V, NS, "machines", ghost["metadata"]["name"],
                                        {"metadata": {"annotations": {HOOK: None}}})
-    wait_gone(lab, ghost, 300)
+    wait_gone(lab, ghost)
     wait_for("the ghost to stop responding", lambda: sinfo_features()[hostname(ghost)][0].endswith("*"), 120)
     lab.patch_namespaced_custom_object(G, V, NS, "machines", keep["metadata"]["name"],
                                        {"metadata": {"labels": {"feature.slurm.converged.hpc/bigmem": "true"}}})
@@ -571,7 +588,7 @@ def test_the_event_path_follows_scaling_with_nobody_running_a_playbook(lab):
         restarted = time.time()
         sh("lab/lab.sh", "events")
         # caught up at start (its initial event): drained, the job finished, then the hook released
-        wait_gone(lab, leaving, timeout=300)
+        wait_gone(lab, leaving)
         record("event path restarted: missed deletion caught up, job finished, Machine released",
                time.time() - restarted)
         completed([job])
