@@ -125,11 +125,14 @@ E2E_RUN := $(PYTHON) -m pytest -q --durations=8
 # $(call beside,WHO,OTHERS,AFTER): the elastic lab in the background, and the autoscale lab followed
 # by the command AFTER (if any) in the background (their output in .lab/logs/e2e-elastic.log,
 # e2e-autoscale.log and checks.log, printed at the end) beside the command OTHERS; fails when any fails
-beside = set +e; \
-	$(MAKE) -s e2e-elastic >.lab/logs/e2e-elastic.log 2>&1 & elastic_pid=$$!; \
+beside = set +e; start=$$(date +%s); \
+	( $(MAKE) -s e2e-elastic >.lab/logs/e2e-elastic.log 2>&1; rc=$$?; echo $$(( $$(date +%s) - start )) >.lab/logs/e2e-elastic.s; \
+	  exit $$rc ) & elastic_pid=$$!; \
 	( $(MAKE) -s e2e-autoscale >.lab/logs/e2e-autoscale.log 2>&1; echo $$? >.lab/logs/e2e-autoscale.rc; \
-	  $(or $(3),true) >.lab/logs/checks.log 2>&1; echo $$? >.lab/logs/checks.rc ) & second_pid=$$!; \
-	$(2) 2>&1 | tee .lab/logs/$(1)-others.log; others=$${PIPESTATUS[0]}; \
+	  echo $$(( $$(date +%s) - start )) >.lab/logs/e2e-autoscale.s; \
+	  $(or $(3),true) >.lab/logs/checks.log 2>&1; echo $$? >.lab/logs/checks.rc; \
+	  echo $$(( $$(date +%s) - start )) >.lab/logs/checks.s ) & second_pid=$$!; \
+	$(2) 2>&1 | tee .lab/logs/$(1)-others.log; others=$${PIPESTATUS[0]}; others_s=$$(( $$(date +%s) - start )); \
 	wait $$elastic_pid; elastic=$$?; wait $$second_pid; \
 	autoscale=$$(cat .lab/logs/e2e-autoscale.rc); checks=$$(cat .lab/logs/checks.rc); \
 	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)), then the shared pool ($(E2E_CONVERGED)):"; cat .lab/logs/e2e-elastic.log; \
@@ -139,6 +142,7 @@ beside = set +e; \
 	grep -hE '^(FAILED|ERROR) |CRITICAL|Molecule executed .*failed' .lab/logs/$(1)-others.log .lab/logs/e2e-elastic.log \
 	  .lab/logs/e2e-autoscale.log .lab/logs/checks.log 2>/dev/null | cut -c1-300 || true; \
 	echo "[$(1)] exit codes: $(2): $$others, the elastic lab: $$elastic, the autoscale lab: $$autoscale$(if $(3),$(comma) $(3): $$checks)"; \
+	echo "[$(1)] each stream done after (s): $(2): $$others_s, the elastic lab: $$(cat .lab/logs/e2e-elastic.s), the autoscale lab: $$(cat .lab/logs/e2e-autoscale.s)$(if $(3),$(comma) then $(3): $$(cat .lab/logs/checks.s))"; \
 	test $$others -eq 0 && test $$elastic -eq 0 && test $$autoscale -eq 0 && test $$checks -eq 0
 
 e2e: dev-collection images kube-assets
