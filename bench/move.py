@@ -1,6 +1,8 @@
 """Benchmark: a GPU host moved between a Kubernetes workload cluster and Slurm (playbooks/move.yml), in a lab
 of its own: one GPU BareMetalHost in the pool, a Kubernetes worker at the start, a real kube-apiserver as the
-workload cluster's API (needs $KUBEBUILDER_ASSETS: make kube-assets).
+workload cluster's API (needs $KUBEBUILDER_ASSETS: make kube-assets). The lab runs on the real Cluster API,
+CAPM3 and Bare Metal Operator (--management real), on our simulator of them (sim), or on each in turn in
+one run (both, the default), each with its own table and medians.
 
 Each round moves the host Kubernetes -> Slurm with a GPU job waiting (drained by Cluster API, deprovisioned,
 claimed by the Slurm gpu MachineDeployment, booted, joined to Slurm by scale_up.yml in the same run: timed until
@@ -11,7 +13,7 @@ the source letting go, deprovisioning (the simulated Ironic cleaning: --deprovis
 - and the collection's part: the time to the job RUNNING (or to the end) less deprovisioning and the claim and
 boot (Metal3's and the machine's: a container here, Ironic's provisioning on real hardware).
 
-    python3 bench/move.py [--rounds 3] [--deprovision-seconds 5] [--keep]
+    python3 bench/move.py [--rounds 3] [--deprovision-seconds 5] [--management both|real|sim] [--keep]
 
 A GPU host joins Slurm through scale_up.yml: join at boot refuses node types that declare GRES (the
 controllers' gres.conf needs the node's line before it registers; docs/elastic.md).
@@ -36,8 +38,9 @@ LINE = re.compile(r"moved (\S+) from (\S+) to (\S+) in ([\d.]+) s: planned in ([
                   r"([\d.]+) s, deprovisioning ([\d.]+) s, claimed and booted in ([\d.]+) s")
 
 
-def env(deprovision):
-    return dict(os.environ, LAB_NAME=NAME, LAB_SUBNET_PREFIX="10.89.84", LAB_API_PORT="16484", LAB_STATE=".lab/mvbench",
+def env(deprovision, management):
+    return dict(os.environ, LAB_NAME=NAME, LAB_MANAGEMENT=management, LAB_SUBNET_PREFIX="10.89.84",
+                LAB_API_PORT="16484", LAB_STATE=".lab/mvbench",
                 LAB_FLAVOUR="prebaked", LAB_CONTROLLERS="1", LAB_COMPUTE="0", LAB_GPU="0", LAB_DIRECTORY="0",
                 LAB_BARE_METAL="1", LAB_BARE_METAL_GPU="1", LAB_KUBERNETES_GPU="1",
                 LAB_DEPROVISION_SECONDS=str(deprovision),
@@ -88,23 +91,16 @@ def move(environ, source, target, to_slurm):
             "join": wall - total, "ours": end - deprovisioning - booted}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--deprovision-seconds", type=float, default=5)
-    ap.add_argument("--keep", action="store_true", help="leave the lab up")
-    args = ap.parse_args()
-    if not os.environ.get("KUBEBUILDER_ASSETS"):
-        sys.exit("bench/move.py needs $KUBEBUILDER_ASSETS (make kube-assets) for the workload cluster's API")
-    environ = env(args.deprovision_seconds)
+def bench(args, management):
+    """The lab up on management, args.rounds moves each way; the rows."""
+    environ = env(args.deprovision_seconds, management)
     run(environ, "lab/lab.sh", "down")
-    run(environ, "make", "-s", "dev-collection")
     t0 = time.monotonic()
     run(environ, "lab/lab.sh", "up")
     run(environ, "lab/lab.sh", "sim")
     run(environ, "lab/lab.sh", "converge")
-    print("lab up and converged in %.1f s (1 GPU host, a Kubernetes worker; deprovisioning %.1f s)"
-          % (time.monotonic() - t0, args.deprovision_seconds))
+    print("%s: lab up and converged in %.1f s (1 GPU host, a Kubernetes worker; deprovisioning %.1f s)"
+          % (management, time.monotonic() - t0, args.deprovision_seconds), flush=True)
     slurm, kube = NAME + "-gpu", NAME + "-k8s-gpu"
     rows = []
     try:
@@ -114,7 +110,13 @@ def main():
     finally:
         if not args.keep:
             run(environ, "lab/lab.sh", "down")
-    head = ("direction", "wall", "job RUN", "planned", "let go", "deprov", "claim+boot", "join", "ours")
+    return rows
+
+
+def report(management, rows):
+    slurm, kube = NAME + "-gpu", NAME + "-k8s-gpu"
+    head = ("direction (%s)" % management, "wall", "job RUN", "planned", "let go", "deprov", "claim+boot", "join",
+            "ours")
     print("%-34s %6s %8s %8s %7s %7s %10s %6s %6s" % head)
     for r in rows:
         print("%-34s %6.1f %8s %8.1f %7.1f %7.1f %10.1f %6.1f %6.1f" % (
@@ -122,13 +124,28 @@ def main():
             r["let_go"], r["deprovisioning"], r["booted"], r["join"], r["ours"]))
     for direction in (kube + " -> " + slurm, slurm + " -> " + kube):
         mine = [r for r in rows if r["direction"] == direction]
-        print("median %s: wall %.1f s%s; the collection's part (to the end%s, less deprovisioning and the "
+        print("%s median %s: wall %.1f s%s; the collection's part (to the end%s, less deprovisioning and the "
               "claim and boot) %.1f s" % (
-                  direction, statistics.median(r["wall"] for r in mine),
+                  management, direction, statistics.median(r["wall"] for r in mine),
                   ", the waiting GPU job RUNNING at %.1f s" % statistics.median(r["running"] for r in mine)
                   if mine[0]["running"] is not None else "",
                   " or the job RUNNING" if mine[0]["running"] is not None else "",
                   statistics.median(r["ours"] for r in mine)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--deprovision-seconds", type=float, default=5)
+    ap.add_argument("--management", choices=("both", "real", "sim"), default="both")
+    ap.add_argument("--keep", action="store_true", help="leave the (last) lab up")
+    args = ap.parse_args()
+    if not os.environ.get("KUBEBUILDER_ASSETS"):
+        sys.exit("bench/move.py needs $KUBEBUILDER_ASSETS (make kube-assets) for the servers")
+    run(env(args.deprovision_seconds, "real"), "make", "-s", "dev-collection")
+    results = [(m, bench(args, m)) for m in (("real", "sim") if args.management == "both" else (args.management,))]
+    for management, rows in results:
+        report(management, rows)
 
 
 if __name__ == "__main__":

@@ -263,15 +263,16 @@ INSPECT = "inspect.metal3.io"
 HARDWARE_DETAILS = "inspect.metal3.io/hardwaredetails"
 
 
-def real_host(cluster, name, address, node_type, cpus, ram_mib, index):
+def real_host(cluster, name, address, node_type, cpus, ram_mib, index, labels=None):
     """A registered host: its BMC credentials Secret and its BareMetalHost, labelled for the pool of its
-    node type (<cluster>-<type>, what its MachineDeployment's template selects), with the hardware a site
-    gives when it does not inspect (inspection disabled, the hardware details annotation): the lab
-    machine's address and name, the CPUs and RAM the lab declares."""
+    node type (<cluster>-<type>, what its MachineDeployment's template selects; or labels as given), with
+    the hardware a site gives when it does not inspect (inspection disabled, the hardware details
+    annotation): the lab machine's address and name, the CPUs and RAM the lab declares."""
     secret = name + "-bmc"
-    labels = {POOL_LABEL_KEY: "%s-%s" % (cluster, node_type)}
-    if node_type == "gpu":
-        labels.update({"gpu": "true", "nvidia.com/gpu.count": "2"})
+    if labels is None:
+        labels = {POOL_LABEL_KEY: "%s-%s" % (cluster, node_type)}
+        if node_type == "gpu":
+            labels.update({"gpu": "true", "nvidia.com/gpu.count": "2"})
     details = {"cpu": {"arch": "x86_64", "count": cpus, "model": "lab", "clockMegahertz": 2000},
                "ramMebibytes": ram_of(node_type, ram_mib), "hostname": name,
                "nics": [{"name": "eth0", "ip": address, "mac": mac(name), "speedGbps": 10}],
@@ -289,38 +290,97 @@ def real_host(cluster, name, address, node_type, cpus, ram_mib, index):
                   "bmc": {"address": "ipmi://127.0.0.1:%d" % (6230 + index), "credentialsName": secret}}}]
 
 
-def real_objects(machines, cluster, cpus, ram_mib, api_port):
-    """Cluster, Metal3Cluster, and per node type a MachineDeployment (replicas: its machines) and a
-    Metal3MachineTemplate selecting its pool's hosts. machines: (name, address, node type) of this
-    cluster's first machines."""
-    docs = [{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3Cluster",
+def real_cluster(cluster, api_port):
+    return [{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3Cluster",
              "metadata": {"name": cluster, "namespace": NS},
              "spec": {"controlPlaneEndpoint": {"host": "127.0.0.1", "port": api_port}}},
             {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
              "metadata": {"name": cluster, "namespace": NS},
              "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
                                             "kind": "Metal3Cluster", "name": cluster}}}]
-    for node_type in sorted({m[2] for m in machines} | set(ALWAYS)):
+
+
+def real_deployment(cluster, md, node_type, replicas, host_selector):
+    """A MachineDeployment of node_type and its Metal3MachineTemplate (the image <node type>.qcow2, which the
+    host agent boots as that node type), claiming the hosts host_selector selects."""
+    selector = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md}
+    template = metal3_template(md, host_selector, node_type)
+    template["spec"]["template"]["spec"]["image"]["url"] = "%s/%s.qcow2" % (IMAGES, node_type)
+    return [{
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+        "metadata": {"name": md, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+        "spec": {"clusterName": cluster, "replicas": replicas, "selector": {"matchLabels": selector},
+                 # what Cluster API's defaulting webhook writes (a site's has one; the lab installs none)
+                 "rollout": {"strategy": {"type": "RollingUpdate",
+                                          "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}},
+                 "template": {"metadata": {"labels": dict(selector, **{"node-type": node_type}),
+                                           "annotations": template_annotations(node_type)},
+                              "spec": {"clusterName": cluster, "version": "v1.33.4",
+                                       "bootstrap": {"dataSecretName": md},
+                                       "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                                             "kind": "Metal3MachineTemplate", "name": md}}}}},
+        template]
+
+
+def real_objects(machines, cluster, cpus, ram_mib, api_port, pool=None):
+    """Cluster, Metal3Cluster, and per node type a MachineDeployment (replicas: its machines) and a
+    Metal3MachineTemplate selecting its pool's hosts. machines: (name, address, node type) of this
+    cluster's first machines. pool: {node type: replicas} of the node types whose hosts come from the
+    bare-metal pool (real_pool_objects: the template selects by hardware and side)."""
+    del cpus, ram_mib  # (the hosts carry the hardware)
+    pool = pool or {}
+    docs = real_cluster(cluster, api_port)
+    for node_type in sorted({m[2] for m in machines} | set(ALWAYS) | set(pool)):
         md = "%s-%s" % (cluster, node_type)
-        selector = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md}
-        docs.append({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
-            "metadata": {"name": md, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
-            "spec": {"clusterName": cluster, "replicas": len([m for m in machines if m[2] == node_type]),
-                     "selector": {"matchLabels": selector},
-                     # what Cluster API's defaulting webhook writes (a site's has one; the lab installs none)
-                     "rollout": {"strategy": {"type": "RollingUpdate",
-                                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}},
-                     "template": {"metadata": {"labels": dict(selector, **{"node-type": node_type}),
-                                               "annotations": template_annotations(node_type)},
-                                  "spec": {"clusterName": cluster, "version": "v1.33.4",
-                                           "bootstrap": {"dataSecretName": md},
-                                           "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                                                 "kind": "Metal3MachineTemplate", "name": md}}}}})
-        template = metal3_template(md, {"matchLabels": {POOL_LABEL_KEY: md}}, node_type)
-        template["spec"]["template"]["spec"]["image"]["url"] = "%s/%s.qcow2" % (IMAGES, node_type)
-        docs.append(template)
+        if node_type in pool:
+            docs.extend(real_deployment(cluster, md, node_type, pool[node_type],
+                                        bare_metal_selector(cluster, node_type)))
+        else:
+            docs.extend(real_deployment(cluster, md, node_type, len([m for m in machines if m[2] == node_type]),
+                                        {"matchLabels": {POOL_LABEL_KEY: md}}))
     return docs
+
+
+def real_pool_hosts(cluster, count, gpu, subnet, cpus, ram_mib, kubernetes_gpu=0):
+    """The bare-metal pool as a site registers it: <cluster>-bm-NN at <subnet>.(100+N), the first gpu of them
+    labelled gpu=true with 2 GPUs (as GPU feature discovery labels them), each labelled with the side it
+    starts on (converged.hpc/pool): the last kubernetes_gpu GPU hosts the Kubernetes workers', the other
+    GPU hosts Slurm's gpu node type's, the rest compute's."""
+    docs = []
+    for index in range(1, count + 1):
+        name = "%s-bm-%02d" % (cluster, index)
+        side = cluster + ("-k8s-gpu" if gpu - kubernetes_gpu < index <= gpu else "-gpu")
+        labels = {"gpu": "true", "nvidia.com/gpu.count": "2", POOL_LABEL_KEY: side} if index <= gpu \
+            else {POOL_LABEL_KEY: cluster + "-compute"}
+        docs.extend(real_host(cluster, name, "%s.%d" % (subnet, 100 + index), "gpu" if index <= gpu else "compute",
+                              cpus, ram_mib, 100 + index, labels))
+    return docs
+
+
+def real_kubernetes_objects(cluster, replicas, api_port, control_plane_address, cpus=2, ram_mib=2000):
+    """The Kubernetes workload cluster on the same pool (<cluster>-k8s, its own Cluster; the kubeconfig
+    Secret the controllers reach its API through is lab/mgmt.py's --workload): its control plane node (a
+    Machine labelled cluster.x-k8s.io/control-plane on a host of its own, <cluster>-k8s-cp at
+    control_plane_address: Cluster API drains a worker's Node, and deletes it, only while its cluster has a
+    control plane Machine) and its GPU workers (<cluster>-k8s-gpu, node type kubernetes: no hook, no Slurm),
+    claiming the GPU hosts on their side."""
+    name, md, cp = cluster + "-k8s", cluster + "-k8s-gpu", cluster + "-k8s-cp"
+    side = {POOL_LABEL_KEY: cp}
+    template = metal3_template(cp, {"matchLabels": side}, KUBERNETES_NODE_TYPE)["spec"]["template"]["spec"]
+    template["image"]["url"] = "%s/%s.qcow2" % (IMAGES, KUBERNETES_NODE_TYPE)
+    labels = {"cluster.x-k8s.io/cluster-name": name, "cluster.x-k8s.io/control-plane": "",
+              "node-type": KUBERNETES_NODE_TYPE}
+    control_plane = real_host(name, cp, control_plane_address, KUBERNETES_NODE_TYPE, cpus, ram_mib, 99, side) + [
+        {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3Machine",
+         "metadata": {"name": cp, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": name}},
+         "spec": template},
+        {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+         "metadata": {"name": cp, "namespace": NS, "labels": labels},
+         "spec": {"clusterName": name, "version": "v1.33.4", "bootstrap": {"dataSecretName": cp},
+                  "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Machine",
+                                        "name": cp}}}]
+    return real_cluster(name, api_port) + control_plane + real_deployment(
+        name, md, KUBERNETES_NODE_TYPE, replicas, {"matchLabels": {"gpu": "true", POOL_LABEL_KEY: md}})
 
 
 def write_stream(path, docs):
@@ -341,7 +401,17 @@ def real_main(args, machines):
         for node_type in sorted({m[2] for m in machines}):
             share.extend([m for m in machines if m[2] == node_type][index::len(clusters)])
         first = [m[:3] for m in share if len(m) < 4 or m[3] != "spare"]
-        docs.extend(real_objects(first, cluster, args.cpus, args.ram_mib, args.api_port))
+        pool = {}
+        if args.bare_metal:
+            pool = {t: 0 for t in BARE_METAL_SELECTORS}
+            pool.update({k: int(v) for k, v in (p.split("=") for p in args.replicas.split(",") if p)})
+        docs.extend(real_objects(first, cluster, args.cpus, args.ram_mib, args.api_port, pool))
+        if args.bare_metal:
+            docs.extend(real_pool_hosts(cluster, args.bare_metal, args.bare_metal_gpu, args.subnet, args.cpus,
+                                        args.ram_mib, args.kubernetes_gpu))
+            if args.kubernetes_gpu:
+                docs.extend(real_kubernetes_objects(cluster, args.kubernetes_gpu, args.api_port,
+                                                    "%s.4" % args.subnet, args.cpus, args.ram_mib))
         for name, address, node_type, *rest in share:
             host = real_host(cluster, name, address, node_type, args.cpus, args.ram_mib, machines.index(
                 next(m for m in machines if m[0] == name)))

@@ -13,6 +13,15 @@ and does to the lab's machines what a host's disk and power would see:
   provisioner keeps one image state for all hosts, and the two would undo each other for good.
 A machine that stopped by itself (killed, crashed) stays as it is: hardware does not come back by itself.
 
+With --workload CLUSTER=KUBECONFIG (a Kubernetes workload cluster's API, lab/lab.sh's LAB_KUBERNETES_GPU) it
+also plays the kubelet of that cluster's hosts, and only that: once a host claimed for one of the cluster's
+Machines has booted, its Node is registered as a kubelet registers it (named after the host, labelled
+metal3.io/uuid=<the host's uid> as Metal3's images label it, the providerID CAPM3 gives the Metal3Machine,
+the host's CPUs, memory and nvidia.com/gpu count as capacity, Ready), so that Cluster API itself sets the
+Machine's nodeRef and phase Running; a Pod bound to one of its Nodes is started (Running), and a Pod being
+deleted there (an eviction in Cluster API's drain) is removed, as a kubelet does once its containers have
+stopped. Cluster API deletes the Node when the Machine is gone.
+
 Times are settings, as on real hardware (the reference hardware: 38.7 s provisioning, 145.2 s
 deprovisioning). --provision-seconds: the machine boots so long after its host started provisioning (the
 operator's test provisioner may already say provisioned: Ironic too reports a deploy done before the OS
@@ -20,7 +29,7 @@ has booted). --deprovision-seconds: a host given back cannot be claimed again un
 machine was removed (the operator's paused annotation, which CAPM3 respects, while the test provisioner
 is done within a second or a requeue: cleaning takes minutes on real hardware).
 
-    python3 lab/hostagent.py --kubeconfig KUBECONFIG --namespace metal3 --state DIR
+    python3 lab/hostagent.py --kubeconfig KUBECONFIG --namespace metal3 --state DIR [--workload CLUSTER=KUBECONFIG]
 """
 
 import argparse
@@ -70,9 +79,75 @@ def address_of(host):
     return next((nic["ip"] for nic in nics if nic.get("ip")), None)
 
 
+INFRA = "infrastructure.cluster.x-k8s.io/v1beta2"
+CLUSTER_LABEL = "cluster.x-k8s.io/cluster-name"
+UUID_LABEL = "metal3.io/uuid"
+
+
+class Kubelet:
+    """The kubelets of one workload cluster's hosts (its API: a kubeapi.Api)."""
+
+    def __init__(self, api):
+        self.api = api
+
+    def register(self, host, metal3machine):
+        """The host's Node as its kubelet registers it; a Node of the same name left from an earlier claim
+        (another providerID, which a Node never changes) is replaced."""
+        meta, hardware = host["metadata"], ((host.get("status") or {}).get("hardware") or {})
+        name = hardware.get("hostname") or meta["name"]
+        provider_id = "metal3://%s/%s/%s" % (meta["namespace"], meta["name"], metal3machine)
+        current = self.api.get("v1", "nodes", None, name)
+        if current is not None and (current.get("spec") or {}).get("providerID") != provider_id:
+            self.api.request("DELETE", "/api/v1/nodes/" + name)
+            current = None
+        if current is None:
+            labels = {"kubernetes.io/hostname": name, UUID_LABEL: meta["uid"], "kubernetes.io/os": "linux"}
+            current = self.api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+                                       "spec": {"providerID": provider_id}})
+        capacity = {"cpu": str((hardware.get("cpu") or {}).get("count", 1)),
+                    "memory": "%dMi" % hardware.get("ramMebibytes", 1024), "pods": "110"}
+        gpus = (meta.get("labels") or {}).get("nvidia.com/gpu.count")
+        if gpus:
+            capacity["nvidia.com/gpu"] = gpus
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        address = address_of(host)
+        current["status"] = {
+            "capacity": capacity, "allocatable": dict(capacity),
+            "addresses": ([{"type": "InternalIP", "address": address}] if address else [])
+            + [{"type": "Hostname", "address": name}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet is posting ready status", "lastHeartbeatTime": now,
+                            "lastTransitionTime": now}]}
+        self.api.ok("PUT", "/api/v1/nodes/%s/status" % name, current)
+        return name
+
+    def tick(self):
+        """Start the Pods bound to a Node, remove those being deleted (their containers stopped at once)."""
+        nodes = {n["metadata"]["name"] for n in self.api.list("v1", "nodes")}
+        for pod in self.api.list("v1", "pods"):
+            meta, spec = pod["metadata"], pod.get("spec") or {}
+            if spec.get("nodeName") not in nodes:
+                continue
+            path = "/api/v1/namespaces/%s/pods/%s" % (meta["namespace"], meta["name"])
+            if meta.get("deletionTimestamp"):
+                self.api.request("DELETE", path, {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+                                 query={"gracePeriodSeconds": "0"})
+                say("pod %s/%s on %s removed (deleted: its containers stopped)" % (
+                    meta["namespace"], meta["name"], spec["nodeName"]))
+            elif (pod.get("status") or {}).get("phase", "Pending") == "Pending":
+                now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                status = {"phase": "Running", "startTime": now, "conditions": [
+                    {"type": "Ready", "status": "True", "lastTransitionTime": now}]}
+                self.api.ok("PATCH", path + "/status", {"status": status}, "application/merge-patch+json")
+                say("pod %s/%s started on %s" % (meta["namespace"], meta["name"], spec["nodeName"]))
+
+
 class Agent:
-    def __init__(self, api, namespace, state, machines_cmd, provision_seconds=0.0, deprovision_seconds=0.0):
+    def __init__(self, api, namespace, state, machines_cmd, provision_seconds=0.0, deprovision_seconds=0.0,
+                 workloads=None):
         self.api, self.ns, self.state = api, namespace, state
+        self.kubelets = {cluster: Kubelet(wapi) for cluster, wapi in (workloads or {}).items()}
+        self.registered = {}  # host -> what its Node was registered for ("consumer image")
         self.machines = shlex.split(machines_cmd)
         self.hold = {"provisioning": provision_seconds, "deprovisioning": deprovision_seconds}
         self.record_path = os.path.join(state, "hostagent.json")
@@ -169,6 +244,16 @@ class Agent:
             self.stopped_by_us.discard(name)
             say("%s powered on" % name)
 
+    def join_workload(self, host, key):
+        """A booted host of a workload cluster's Machine: its kubelet registers the Node (once per claim)."""
+        name, consumer = host["metadata"]["name"], host["spec"]["consumerRef"]
+        m3m = self.api.get(INFRA, "metal3machines", consumer.get("namespace") or self.ns, consumer["name"])
+        kubelet = self.kubelets.get(((m3m or {}).get("metadata", {}).get("labels") or {}).get(CLUSTER_LABEL))
+        if kubelet is not None:
+            node = kubelet.register(host, consumer["name"])
+            say("%s: node %s registered in the workload cluster (Ready)" % (name, node))
+        self.registered[name] = key
+
     # ---- the Ironic pace
     def pace(self, host, state, deprovisioning):
         """Keep a host given back paused (unclaimable) until --deprovision-seconds after its machine went; and
@@ -218,10 +303,15 @@ class Agent:
                 known = name in self.booted
             if booted:
                 self.power(name, bool(spec.get("online")))
+                if self.kubelets and self.registered.get(name) != key:
+                    self.join_workload(host, key)
             elif state in GONE_STATES and (known or self.container_state(name) is not None):
                 with self.lock:
                     self.busy.add(name)
+                self.registered.pop(name, None)
                 threading.Thread(target=self.remove, args=(name, "host %s" % state), daemon=True).start()
+        for kubelet in self.kubelets.values():
+            kubelet.tick()
 
     def run(self, stopped, interval=1.0):
         say("watching BareMetalHosts in %s (machines boot %ss after provisioning starts, hosts claimable %ss "
@@ -253,6 +343,8 @@ def main(argv=None):
     ap.add_argument("--provision-seconds", type=float, default=0.0)
     ap.add_argument("--deprovision-seconds", type=float, default=0.0)
     ap.add_argument("--pid-file")
+    ap.add_argument("--workload", action="append", default=[], metavar="CLUSTER=KUBECONFIG",
+                    help="play the kubelet of this Cluster's hosts in its Kubernetes API")
     args = ap.parse_args(argv)
     os.makedirs(args.state, exist_ok=True)
     if args.pid_file:
@@ -261,8 +353,9 @@ def main(argv=None):
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopped.append(True))
+    workloads = {cluster: api_from(path) for cluster, path in (w.split("=", 1) for w in args.workload)}
     Agent(api_from(args.kubeconfig), args.namespace, args.state, args.machines, args.provision_seconds,
-          args.deprovision_seconds).run(stopped)
+          args.deprovision_seconds, workloads).run(stopped)
     return 0
 
 

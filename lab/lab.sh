@@ -119,8 +119,8 @@ validate_conf() {
   [[ "$LAB_SPARE_HOSTS" =~ ^[0-9]$ ]] || die "LAB_SPARE_HOSTS='$LAB_SPARE_HOSTS' must be an integer 0-9"
   if [[ "$LAB_MANAGEMENT" == real ]]; then
     [[ -z "$LAB_POOLS" ]] || die "LAB_POOLS='$LAB_POOLS': CAPM3 has no MachinePool machines; MachinePools run on the simulator (LAB_MANAGEMENT=sim)"
-    (( LAB_BARE_METAL == 0 && LAB_KUBERNETES_GPU == 0 )) || die "LAB_BARE_METAL=$LAB_BARE_METAL" \
-      "LAB_KUBERNETES_GPU=$LAB_KUBERNETES_GPU: the shared pool's lab runs on the simulator for now (LAB_MANAGEMENT=sim)"
+    (( LAB_BARE_METAL == 0 || LAB_CLUSTERS == 1 )) \
+      || die "LAB_BARE_METAL=$LAB_BARE_METAL: the bare-metal pool serves one cluster (LAB_CLUSTERS=$LAB_CLUSTERS)"
   fi
   if (( LAB_BARE_METAL > 0 )); then
     (( LAB_COMPUTE <= LAB_BARE_METAL - LAB_BARE_METAL_GPU )) || die "LAB_COMPUTE=$LAB_COMPUTE compute machines" \
@@ -330,6 +330,12 @@ directory_machine() {
   return 0
 }
 
+# name ip node-type of the bare-metal pool's hosts the real controllers claimed (booted by the host agent)
+pool_machines() {
+  [[ "$LAB_MANAGEMENT" == real ]] && (( LAB_BARE_METAL > 0 )) || return 0
+  python3 "$LAB_DIR/mgmt.py" claimed "$STATE/capi/kubeconfig" --prefix "$LAB_NAME-bm-"
+}
+
 # name ip node-type, one line per wanted machine
 wanted_machines() {
   local i
@@ -361,10 +367,11 @@ compute_hosts() { local n="${LAB_COMPUTE_HOSTS:-4}"; (( n >= LAB_COMPUTE )) || n
 real_hosts() {
   local i
   wanted_machines
-  for ((i = LAB_COMPUTE + 1; i <= $(compute_hosts); i++)); do
+  # (with a bare-metal pool the compute and GPU machines are the pool's hosts: capi_objects.py --bare-metal)
+  (( LAB_BARE_METAL > 0 )) || for ((i = LAB_COMPUTE + 1; i <= $(compute_hosts); i++)); do
     printf '%s-cn-%02d %s.%d compute spare\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((20 + i))
   done
-  (( LAB_GPU == 0 )) || for ((i = LAB_GPU + 1; i <= LAB_GPU + LAB_SPARE_HOSTS && i <= 29; i++)); do
+  (( LAB_GPU == 0 || LAB_BARE_METAL > 0 )) || for ((i = LAB_GPU + 1; i <= LAB_GPU + LAB_SPARE_HOSTS && i <= 29; i++)); do
     printf '%s-gpu-%02d %s.%d gpu spare\n' "$LAB_NAME" "$i" "$LAB_SUBNET_PREFIX" $((200 + i))
   done
   (( LAB_HIGHMEM == 0 )) || for ((i = LAB_HIGHMEM + 1; i <= LAB_HIGHMEM + LAB_SPARE_HOSTS && i <= 22; i++)); do
@@ -503,12 +510,13 @@ cmd_up() {
     mgmt_start
   fi
   say "waiting until every machine has booted and answers SSH"
-  local ready=0
+  local ready=0 expected
+  expected=$( { wanted_machines; directory_machine; pool_machines; } | wc -l)
   while read -r name ip _; do machines ready "$name" "$ip" </dev/null || exit 1; ready=$((ready + 1))
-  done < <(wanted_machines; directory_machine)
-  (( ready == $( { wanted_machines; directory_machine; } | wc -l) )) || die "only $ready machine(s) were checked"
+  done < <(wanted_machines; directory_machine; pool_machines)
+  (( ready == expected )) || die "only $ready machine(s) were checked"
   write_state
-  say "$( { wanted_machines; directory_machine; } | wc -l) machines up and reachable over SSH in $(elapsed "$t_boot") s (inventory: $LAB_STATE/hosts.yml)"
+  say "$expected machines up and reachable over SSH in $(elapsed "$t_boot") s (inventory: $LAB_STATE/hosts.yml)"
 }
 
 # The lab's management cluster: capisim serving Cluster API + Metal3 objects for
@@ -708,13 +716,23 @@ mgmt_start() {
   (umask 077; python3 "$LAB_DIR/capi_objects.py" "$dir/hosts.tsv" "$dir/objects.yaml" --real \
     --spares-out "$dir/spares.yaml" --cluster "$LAB_NAME" --clusters "$LAB_CLUSTERS" --cpus "$LAB_CPUS" \
     --ram-mib "$LAB_RAM_MIB" --api-port "$API_PORT" --munge-key-file "$dir/munge.key" \
-    --slurmdbd-password-file "$dir/slurmdbd.pw")
+    --slurmdbd-password-file "$dir/slurmdbd.pw" --bare-metal "$LAB_BARE_METAL" \
+    --bare-metal-gpu "$LAB_BARE_METAL_GPU" --subnet "$LAB_SUBNET_PREFIX" \
+    --replicas "compute=$LAB_COMPUTE,gpu=$LAB_GPU" --kubernetes-gpu "$LAB_KUBERNETES_GPU")
   agent_stop
   mgmt_stop quiet
+  # the Kubernetes workload cluster's own API: Cluster API follows (and drains) its workers' Nodes there
+  local workload=()
+  if (( LAB_KUBERNETES_GPU > 0 )); then
+    start_workload_api
+    workload=(--workload "$LAB_NAME-k8s=$dir/workload/kubeconfig")
+  else
+    workload_api_stop
+  fi
   rm -rf "$dir/mgmt" "$dir/hostagent"; mkdir -p "$dir/mgmt"
   say "starting the management cluster: kube-apiserver, etcd, Cluster API, CAPM3 and the Bare Metal Operator ($(head -c 200 "$KUBEBUILDER_ASSETS/versions" | tr '\n' ' '))"
   setsid nohup python3 "$LAB_DIR/mgmt.py" serve "$dir/mgmt" --port "$API_PORT" --token-file "$dir/token" \
-    --objects "$dir/objects.yaml" --logs "$STATE/logs" >"$STATE/logs/mgmt.log" 2>&1 </dev/null &
+    --objects "$dir/objects.yaml" --logs "$STATE/logs" "${workload[@]}" >"$STATE/logs/mgmt.log" 2>&1 </dev/null &
   echo $! >"$dir/mgmt.pid"
   local deadline=$(( $(date +%s) + 240 ))
   until [[ -s "$dir/mgmt/url" ]]; do
@@ -726,9 +744,9 @@ mgmt_start() {
   export_machine_settings
   setsid nohup python3 "$LAB_DIR/hostagent.py" --kubeconfig "$dir/kubeconfig" --state "$dir/hostagent" \
     --provision-seconds "$LAB_PROVISION_SECONDS" --deprovision-seconds "$LAB_DEPROVISION_SECONDS" \
-    --pid-file "$dir/hostagent.pid" >>"$STATE/logs/hostagent.log" 2>&1 </dev/null &
+    --pid-file "$dir/hostagent.pid" "${workload[@]}" >>"$STATE/logs/hostagent.log" 2>&1 </dev/null &
   say "management cluster on $(cat "$dir/mgmt/url") in $(elapsed "$t0") s ($(grep -c '^kind: BareMetalHost$' "$dir/objects.yaml") hosts registered); host agent running (log ${STATE#"$REPO_DIR"/}/logs/hostagent.log)"
-  want=$(wanted_machines | wc -l)
+  want=$(( $(wanted_machines | wc -l) + (LAB_BARE_METAL > 0 ? LAB_COMPUTE + LAB_GPU + LAB_KUBERNETES_GPU : 0) ))
   say "the controllers claim, provision and the host agent boots $want hosts"
   python3 - "$dir/kubeconfig" "$want" <<'PY' || die_with_log "provisioning the lab's hosts" "$STATE/logs/hostagent.log"
 import json, ssl, sys, time, urllib.request

@@ -2,12 +2,16 @@
 Bare Metal Operator (test mode: no Ironic) from $KUBEBUILDER_ASSETS (make kube-assets), on loopback.
 
     python3 lab/mgmt.py serve DIR --port PORT --token-file FILE [--objects FILE]... [--logs DIR]
+            [--workload CLUSTER=KUBECONFIG]...
         start them (state in DIR), install the controllers' CRDs, write the objects a site writes (a
         YAML stream: lab/capi_objects.py --real), a `<cluster>-kubeconfig` Secret for each Cluster (the
-        controllers reach the cluster's API through it: here the management cluster's own), then DIR/url
+        controllers reach the cluster's API through it: a Kubernetes cluster's own (--workload), else the
+        management cluster's), then DIR/url
         (its presence says all is ready) and DIR/ca.crt; run until SIGTERM, then stop them all
     python3 lab/mgmt.py apply KUBECONFIG FILE
         create the objects of a YAML stream (e.g. hosts registered later)
+    python3 lab/mgmt.py claimed KUBECONFIG [--prefix NAME]
+        name, address and node type of each host claimed and provisioning or provisioned
 
 Logs: DIR/apiserver/{etcd,kube-apiserver}.log and DIR/controllers/<manager>.log, linked from --logs.
 Nothing here plays a controller: what the controllers write, they write.
@@ -43,20 +47,37 @@ def create_all(api, docs):
             raise kubeapi.ApiError(status, body)
 
 
-def cluster_kubeconfig_secrets(server, docs):
+def workload_api(kubeconfig):
+    """(server URL, CA certificate (base64), token) of a kubeconfig's first cluster and user."""
+    with open(kubeconfig) as fh:
+        config = yaml.safe_load(fh)
+    cluster = config["clusters"][0]["cluster"]
+    ca = cluster.get("certificate-authority-data")
+    if not ca:
+        with open(cluster["certificate-authority"], "rb") as fh:
+            ca = base64.b64encode(fh.read()).decode()
+    return cluster["server"], ca, config["users"][0]["user"]["token"]
+
+
+def cluster_kubeconfig_secrets(server, docs, workloads=None):
     """What a site's bootstrap writes for each workload cluster: <cluster>-kubeconfig (key value). Cluster
-    API's cluster cache and CAPM3 connect through it; a Slurm cluster has no Kubernetes API of its own, so
-    it names the management cluster's (no Node ever registers there for a Slurm host)."""
-    with open(server.ca_cert, "rb") as fh:
-        ca = base64.b64encode(fh.read()).decode()
+    API's cluster cache and CAPM3 connect through it: to the cluster's own API when workloads names one
+    ({cluster: kubeconfig file}: a Kubernetes cluster, whose Nodes Cluster API follows and drains); a Slurm
+    cluster has no Kubernetes API of its own, so it names the management cluster's (no Node ever registers
+    there for a Slurm host)."""
     out = []
     for doc in docs:
         if doc["kind"] != "Cluster":
             continue
         name, namespace = doc["metadata"]["name"], doc["metadata"]["namespace"]
+        if name in (workloads or {}):
+            url, ca, token = workload_api(workloads[name])
+        else:
+            with open(server.ca_cert, "rb") as fh:
+                url, ca, token = server.url, base64.b64encode(fh.read()).decode(), server.admin_token
         config = {"apiVersion": "v1", "kind": "Config", "current-context": name,
-                  "clusters": [{"name": name, "cluster": {"server": server.url, "certificate-authority-data": ca}}],
-                  "users": [{"name": name + "-admin", "user": {"token": server.admin_token}}],
+                  "clusters": [{"name": name, "cluster": {"server": url, "certificate-authority-data": ca}}],
+                  "users": [{"name": name + "-admin", "user": {"token": token}}],
                   "contexts": [{"name": name, "context": {"cluster": name, "user": name + "-admin"}}]}
         out.append({"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
                     "metadata": {"name": name + "-kubeconfig", "namespace": namespace,
@@ -93,14 +114,18 @@ def serve(args):
     t0 = time.monotonic()
     server = kubeapi.KubeApiServer(os.path.join(workdir, "apiserver"), crds=kubeapi.module_crds(), port=args.port,
                                    admin_token=token, test_users=False)
-    controllers = kubeapi.Controllers(server, os.path.join(workdir, "controllers"))
+    # a Kubernetes workload cluster's first control plane Machine gets its nodeRef at Cluster API's next
+    # resync after its Node registered (kubeapi.Controllers): 30 s, not 10 minutes, in the lab
+    controllers = kubeapi.Controllers(server, os.path.join(workdir, "controllers"),
+                                      sync_period=30 if args.workload else None)
     try:
         server.start()
         link_logs(args.logs, server, controllers)
         controllers.start()
         api = server.api()
         docs = [doc for path in args.objects for doc in read_stream(path)]
-        create_all(api, cluster_kubeconfig_secrets(server, docs) + docs)
+        workloads = dict(w.split("=", 1) for w in args.workload)
+        create_all(api, cluster_kubeconfig_secrets(server, docs, workloads) + docs)
         with open(os.path.join(workdir, "ca.crt"), "wb") as out, open(server.ca_cert, "rb") as src:
             out.write(src.read())
         with open(os.path.join(workdir, "url"), "w") as fh:
@@ -129,6 +154,24 @@ def apply(args):
     return 0
 
 
+def claimed(args):
+    """name, address and node type (its image's) of each host claimed and provisioned: the pool's hosts
+    the MachineDeployments took, which lab/lab.sh waits for as for its other machines."""
+    with open(args.kubeconfig) as fh:
+        config = yaml.safe_load(fh)
+    cluster = config["clusters"][0]["cluster"]
+    api = kubeapi.Api(cluster["server"], config["users"][0]["user"]["token"], cluster.get("certificate-authority"))
+    for host in api.list("metal3.io/v1alpha1", "baremetalhosts", args.namespace):
+        spec, status = host.get("spec") or {}, host.get("status") or {}
+        nics = (status.get("hardware") or {}).get("nics") or []
+        state = (status.get("provisioning") or {}).get("state")
+        if spec.get("consumerRef") and state in ("provisioning", "provisioned") and nics \
+                and host["metadata"]["name"].startswith(args.prefix):
+            image = ((spec.get("image") or {}).get("url") or "").rpartition("/")[2].split(".")[0]
+            print("%s %s %s" % (host["metadata"]["name"], nics[0]["ip"], image))
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="lab/mgmt.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -139,10 +182,18 @@ def main(argv=None):
     run.add_argument("--token-file", required=True, help="the admin user's bearer token (kept out of argv)")
     run.add_argument("--objects", action="append", default=[])
     run.add_argument("--logs", help="link the servers' logs here")
+    run.add_argument("--workload", action="append", default=[], metavar="CLUSTER=KUBECONFIG",
+                     help="the Cluster's own Kubernetes API (its kubeconfig Secret names it)")
     put = sub.add_parser("apply")
     put.add_argument("kubeconfig")
     put.add_argument("file")
+    took = sub.add_parser("claimed")
+    took.add_argument("kubeconfig")
+    took.add_argument("--namespace", default="metal3")
+    took.add_argument("--prefix", default="", help="only hosts whose names start so")
     args = ap.parse_args(argv)
+    if args.command == "claimed":
+        return claimed(args)
     if not kubeapi.assets()[0] or kubeapi.Controllers.BINARIES and not all(
             os.access(os.path.join(kubeapi.assets()[0], b), os.X_OK) for b in kubeapi.Controllers.BINARIES):
         if args.command == "serve":

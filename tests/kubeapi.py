@@ -196,7 +196,8 @@ PLURALS = {"BareMetalHost": "baremetalhosts", "Metal3Machine": "metal3machines",
            "MachineDeployment": "machinedeployments", "MachinePool": "machinepools", "Cluster": "clusters",
            "Secret": "secrets", "ConfigMap": "configmaps", "Namespace": "namespaces", "Lease": "leases",
            "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings", "Role": "roles",
-           "RoleBinding": "rolebindings", "CustomResourceDefinition": "customresourcedefinitions"}
+           "RoleBinding": "rolebindings", "CustomResourceDefinition": "customresourcedefinitions", "Node": "nodes",
+           "Pod": "pods", "ServiceAccount": "serviceaccounts"}
 
 
 # the field manager of each kind's controller (the recorded objects' managedFields name them)
@@ -528,8 +529,13 @@ class Controllers:
 
     BINARIES = ("cluster-api-manager", "capm3-manager", "baremetal-operator")
 
-    def __init__(self, server, workdir=None):
+    def __init__(self, server, workdir=None, sync_period=None):
+        """sync_period: Cluster API's --sync-period in seconds (its default: 10 minutes). Cluster API
+        watches a workload cluster's Nodes only once its control plane is initialized, which (without a
+        control plane provider) is once a control plane Machine has its nodeRef: the first such Machine
+        whose Node registers after it was Provisioned is looked at again only at the next resync."""
         self.server = server
+        self.sync_period = sync_period
         self.workdir = str(workdir or os.path.join(server.workdir, "controllers"))
         self.procs = {}
         self.health = {}
@@ -550,6 +556,8 @@ class Controllers:
             else:
                 argv = ["--diagnostics-address=0", "--webhook-port=%d" % free_port(),
                         "--webhook-cert-dir=" + os.path.join(w, "webhook")]
+                if name == "cluster-api-manager" and self.sync_period:
+                    argv.append("--sync-period=%ds" % self.sync_period)
             argv.append("--health-addr=127.0.0.1:%d" % health)
             log = open(os.path.join(w, name + ".log"), "ab")
             env = dict(os.environ, KUBECONFIG=kubeconfig, POD_NAMESPACE="default")

@@ -45,7 +45,8 @@ def management(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("management")
     server = kubeapi.KubeApiServer(str(workdir / "apiserver"), crds=kubeapi.module_crds())
     server.start()
-    controllers = kubeapi.Controllers(server, str(workdir / "controllers"))
+    # (the workload cluster's test: its control plane Machine's nodeRef at the next resync, kubeapi.Controllers)
+    controllers = kubeapi.Controllers(server, str(workdir / "controllers"), sync_period=30)
     try:
         controllers.start()
     except Exception:
@@ -327,3 +328,84 @@ def test_the_lab_host_agent_boots_and_removes_what_the_controllers_provision(man
     finally:
         stopped.append(True)
         thread.join(10)
+
+
+def test_a_kubernetes_worker_is_followed_and_drained_by_cluster_api(management, tmp_path):
+    """The shared pool's Kubernetes workers on the real controllers (lab/capi_objects.py --real --kubernetes-gpu,
+    lab/mgmt.py --workload, lab/hostagent.py --workload): the workload cluster has its own kube-apiserver; the
+    host agent, as the host's kubelet, registers its Node once the host CAPM3 claimed has booted (the host's
+    GPUs as capacity, the providerID CAPM3 gave), and Cluster API - not us - sets the Machine's nodeRef and
+    phase Running. Scaled to 0, Cluster API drains the Node (cordon, then evicts the Pod running there, which
+    the kubelet stand-in removes once it is being deleted), the host is deprovisioned, and Cluster API
+    deletes the Node."""
+    import capi_objects
+    import hostagent
+    import mgmt
+    server, controllers = management
+    api = server.api()
+    workload = kubeapi.KubeApiServer(str(tmp_path / "workload"), crds=None).start()
+    try:
+        wapi = workload.api()
+        wapi.ok("POST", "/api/v1/namespaces/default/serviceaccounts",
+                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})
+        docs = capi_objects.real_pool_hosts("wl", 1, 1, "10.89.98", 4, 8000, kubernetes_gpu=1)
+        docs += capi_objects.real_kubernetes_objects("wl", 1, 6443, "10.89.98.4")
+        assert [d["metadata"]["labels"] for d in docs if d["kind"] == "BareMetalHost"] == [
+            {"gpu": "true", "nvidia.com/gpu.count": "2", "converged.hpc/pool": "wl-k8s-gpu"},
+            {"converged.hpc/pool": "wl-k8s-cp"}]
+        kubeconfig = workload.kubeconfig(str(tmp_path / "workload.kubeconfig"), context="wl-k8s")
+        mgmt.create_all(api, mgmt.cluster_kubeconfig_secrets(server, docs, {"wl-k8s": kubeconfig}) + docs)
+        fake = tmp_path / "machines.py"
+        fake.write_text(FAKE_MACHINES)
+        os.makedirs(str(tmp_path / "agent"))
+        agent = hostagent.Agent(api, "metal3", str(tmp_path / "agent"), "python3 %s" % fake,
+                                workloads={"wl-k8s": wapi})
+        stopped = []
+        thread = threading.Thread(target=agent.run, args=(stopped, 0.5), daemon=True)
+        thread.start()
+        try:
+            workers = "cluster.x-k8s.io/deployment-name=wl-k8s-gpu"
+
+            def running():
+                items = api.list(CAPI, "machines", "metal3", labelSelector=workers)
+                return items if len(items) == 1 and (items[0].get("status") or {}).get("phase") == "Running" \
+                    else None
+            (machine,) = wait_for("the worker's Machine Running", running, controllers)
+            # the control plane Machine, on its host, Running too: its Node registered as well
+            wait_for("the control plane Machine Running", lambda: (api.get(CAPI, "machines", "metal3", "wl-k8s-cp")
+                     .get("status") or {}).get("phase") == "Running", controllers)
+            assert machine["status"]["nodeRef"]["name"] == "wl-bm-01"
+            node = wapi.get("v1", "nodes", None, "wl-bm-01")
+            host = api.get(BMH, "baremetalhosts", "metal3", "wl-bm-01")
+            assert node["spec"]["providerID"] == machine["spec"]["providerID"]
+            assert machine["spec"]["providerID"].startswith("metal3://metal3/wl-bm-01/")
+            assert node["metadata"]["labels"]["metal3.io/uuid"] == host["metadata"]["uid"]
+            assert node["status"]["capacity"]["nvidia.com/gpu"] == "2" and node["status"]["capacity"]["cpu"] == "4"
+            # Cluster API's own touch on the Node it follows: its annotations name the Machine
+            wait_for("Cluster API's annotations on the Node", lambda: (wapi.get("v1", "nodes", None, "wl-bm-01")[
+                "metadata"].get("annotations") or {}).get("cluster.x-k8s.io/machine") == machine["metadata"]["name"],
+                controllers, timeout=60)
+
+            wapi.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": "default"},
+                         "spec": {"nodeName": "wl-bm-01", "automountServiceAccountToken": False,
+                                  "containers": [{"name": "train", "image": "registry.invalid/cuda:12",
+                                                  "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+            wait_for("the Pod running", lambda: (wapi.get("v1", "pods", "default", "train").get("status") or {})
+                     .get("phase") == "Running", controllers, timeout=30)
+
+            api.patch(CAPI, "machinedeployments", "metal3", "wl-k8s-gpu", {"spec": {"replicas": 0}}, sub="scale")
+            wait_for("the Node cordoned by Cluster API", lambda: (wapi.get("v1", "nodes", None, "wl-bm-01").get(
+                "spec") or {}).get("unschedulable"), controllers, timeout=120)
+            wait_for("the Pod evicted and gone", lambda: wapi.get("v1", "pods", "default", "train") is None,
+                     controllers, timeout=120)
+            wait_for("the Machine gone", lambda: not api.list(CAPI, "machines", "metal3", labelSelector=workers),
+                     controllers)
+            wait_for("the Node deleted by Cluster API", lambda: wapi.get("v1", "nodes", None, "wl-bm-01") is None,
+                     controllers, timeout=60)
+            wait_for("the host available again", lambda: host_states(api, "metal3").get("wl-bm-01") == "available",
+                     controllers)
+        finally:
+            stopped.append(True)
+            thread.join(10)
+    finally:
+        workload.stop()
