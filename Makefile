@@ -86,7 +86,7 @@ kube-assets:
 ## make unit       unit and integration tests (pytest) against the simulator and the real servers
 ##                 make kube-assets builds (tests/kube: kube-apiserver, and the controllers' smoke test)
 unit: dev-collection kube-assets
-	$(PYTHON) -m pytest -q tests/unit tests/integration tests/kube
+	$(PYTHON) -m pytest -q --durations=10 tests/unit tests/integration tests/kube
 
 ## make lint       ansible-lint (production profile) and ansible-test sanity
 lint: dev-collection
@@ -169,15 +169,16 @@ e2e-two: dev-collection images kube-assets
 ## make test       everything CI runs (installs what is missing first): the real servers (make
 ##                 kube-assets, CPU) built while the lab images build (mostly downloads), then three
 ##                 streams at once: the elastic lab, then the shared pool lab; the autoscale lab, then pytest, lint and sanity,
-##                 then the Slurm 22.05 lab, the two clusters lab and the cluster scenario on 22.05; the molecule scenarios,
-##                 then the other labs (the first two streams' output is printed at the end, and kept
-##                 in .lab/logs/)
+##                 then the Slurm 22.05 lab and the two clusters lab; the molecule scenarios, then the other labs
+##                 (the first two streams' output is printed at the end, and kept in .lab/logs/). The cluster
+##                 scenario on 22.05 (make molecule-22.05) is not in it: the 22.05 lab converges, validates and
+##                 converges again with nothing changed, on the same release
 test: deps
 	@mkdir -p .lab/logs
 	@set +e; ( set -o pipefail; $(MAKE) -s kube-assets 2>&1 | tee .lab/logs/kube-assets.log ) & kube_pid=$$!; \
 	  $(MAKE) images dev-collection; images=$$?; wait $$kube_pid; kube=$$?; \
 	  echo "[test] exit codes: images: $$images, kube-assets: $$kube"; test $$images -eq 0 && test $$kube -eq 0
-	@$(call beside,test,$(MAKE) molecule e2e-others,$(MAKE) unit lint e2e-releases e2e-two molecule-22.05)
+	@$(call beside,test,$(MAKE) molecule e2e-others,$(MAKE) unit lint e2e-releases e2e-two)
 
 ## make build      build the collection tarball
 build:
