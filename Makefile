@@ -15,7 +15,7 @@ ifeq ($(origin KUBEBUILDER_ASSETS),undefined)
 export KUBEBUILDER_ASSETS := $(KUBE_ASSETS)
 endif
 
-.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images unit lint sanity molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others test build ee
+.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images unit lint sanity molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-converged test build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -118,7 +118,7 @@ E2E_AUTOSCALE := tests/e2e/test_autoscale.py
 E2E_RELEASES := tests/e2e/test_releases.py
 # two clusters in one management cluster: in the second stream, after the Slurm 22.05 lab (the streams' lengths)
 E2E_TWO := tests/e2e/test_two_clusters.py
-# the pool shared with a Kubernetes workload cluster runs after the elastic lab, in its stream
+# the pool shared with a Kubernetes workload cluster runs after the other labs, in the molecule stream (the streams' lengths)
 E2E_CONVERGED := tests/e2e/test_converged.py
 E2E_OTHERS := $(filter-out $(E2E_ELASTIC) $(E2E_AUTOSCALE) $(E2E_RELEASES) $(E2E_CONVERGED) $(E2E_TWO),$(sort $(wildcard tests/e2e/test_*.py)))
 E2E_RUN := $(PYTHON) -m pytest -q --durations=8
@@ -135,7 +135,7 @@ beside = set +e; start=$$(date +%s); \
 	$(2) 2>&1 | tee .lab/logs/$(1)-others.log; others=$${PIPESTATUS[0]}; others_s=$$(( $$(date +%s) - start )); \
 	wait $$elastic_pid; elastic=$$?; wait $$second_pid; \
 	autoscale=$$(cat .lab/logs/e2e-autoscale.rc); checks=$$(cat .lab/logs/checks.rc); \
-	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)), then the shared pool ($(E2E_CONVERGED)):"; cat .lab/logs/e2e-elastic.log; \
+	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)):"; cat .lab/logs/e2e-elastic.log; \
 	echo "[$(1)] the autoscale lab ($(E2E_AUTOSCALE)):"; cat .lab/logs/e2e-autoscale.log; \
 	$(if $(3),echo "[$(1)] after the autoscale lab$(comma) $(3):"; cat .lab/logs/checks.log;) \
 	echo "[$(1)] what failed (pytest's FAILED/ERROR lines, molecule's failed scenarios), if anything:"; \
@@ -147,10 +147,14 @@ beside = set +e; start=$$(date +%s); \
 
 e2e: dev-collection images kube-assets
 	@mkdir -p .lab/logs
-	@$(call beside,e2e,$(MAKE) -s e2e-others,$(MAKE) -s e2e-releases e2e-two)
+	@$(call beside,e2e,$(MAKE) -s e2e-others e2e-converged,$(MAKE) -s e2e-releases e2e-two)
 
 e2e-elastic: dev-collection images kube-assets
-	$(E2E_RUN) $(E2E_ELASTIC) $(E2E_CONVERGED)
+	$(E2E_RUN) $(E2E_ELASTIC)
+
+## make e2e-converged  the shared pool: a Kubernetes workload cluster and Slurm on one pool of bare metal
+e2e-converged: dev-collection images kube-assets
+	$(E2E_RUN) $(E2E_CONVERGED)
 
 e2e-autoscale: dev-collection images kube-assets
 	$(E2E_RUN) $(E2E_AUTOSCALE)
@@ -168,9 +172,9 @@ e2e-two: dev-collection images kube-assets
 
 ## make test       everything CI runs (installs what is missing first): the real servers (make
 ##                 kube-assets, CPU) built while the lab images build (mostly downloads), then three
-##                 streams at once: the elastic lab, then the shared pool lab; the autoscale lab, then pytest, lint and sanity,
-##                 then the Slurm 22.05 lab and the two clusters lab; the molecule scenarios, then the other labs
-##                 (the first two streams' output is printed at the end, and kept in .lab/logs/). The cluster
+##                 streams at once: the elastic lab; the autoscale lab, then pytest, lint and sanity, then the
+##                 Slurm 22.05 lab and the two clusters lab; the molecule scenarios, then the other labs, then the
+##                 shared pool lab (the first two streams' output is printed at the end, and kept in .lab/logs/). The cluster
 ##                 scenario on 22.05 (make molecule-22.05) is not in it: the 22.05 lab converges, validates and
 ##                 converges again with nothing changed, on the same release
 test: deps
@@ -178,7 +182,7 @@ test: deps
 	@set +e; ( set -o pipefail; $(MAKE) -s kube-assets 2>&1 | tee .lab/logs/kube-assets.log ) & kube_pid=$$!; \
 	  $(MAKE) images dev-collection; images=$$?; wait $$kube_pid; kube=$$?; \
 	  echo "[test] exit codes: images: $$images, kube-assets: $$kube"; test $$images -eq 0 && test $$kube -eq 0
-	@$(call beside,test,$(MAKE) molecule e2e-others,$(MAKE) unit lint e2e-releases e2e-two)
+	@$(call beside,test,$(MAKE) -k molecule e2e-others e2e-converged,$(MAKE) -k unit lint e2e-releases e2e-two)
 
 ## make build      build the collection tarball
 build:
