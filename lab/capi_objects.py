@@ -306,7 +306,7 @@ def real_deployment(cluster, md, node_type, replicas, host_selector):
     selector = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md}
     template = metal3_template(md, host_selector, node_type)
     template["spec"]["template"]["spec"]["image"]["url"] = "%s/%s.qcow2" % (IMAGES, node_type)
-    return [{
+    deployment = {
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
         "metadata": {"name": md, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
         "spec": {"clusterName": cluster, "replicas": replicas, "selector": {"matchLabels": selector},
@@ -318,8 +318,8 @@ def real_deployment(cluster, md, node_type, replicas, host_selector):
                               "spec": {"clusterName": cluster, "version": "v1.33.4",
                                        "bootstrap": {"dataSecretName": md},
                                        "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                                             "kind": "Metal3MachineTemplate", "name": md}}}}},
-        template]
+                                                             "kind": "Metal3MachineTemplate", "name": md}}}}}
+    return [deployment, template]
 
 
 def real_objects(machines, cluster, cpus, ram_mib, api_port, pool=None):

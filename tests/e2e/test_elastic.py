@@ -440,9 +440,10 @@ def test_two_scale_downs_and_a_scale_up_at_once(lab):
     # by Machine name: the scale-up's new Machine may well have claimed a host the scale-downs gave back (the
     # real CAPM3 picks any available host), so a host's name is no sign of its old Machine
     gone = {m["metadata"]["name"] for m in leaving}
-    wait_for("the leaving Machines to be gone", lambda: not (gone & {m["metadata"]["name"] for m in
-                                                                    compute_machines(lab)}),
-             300, explain=lambda: machines_state(lab))
+
+    def all_gone():
+        return not gone & {m["metadata"]["name"] for m in compute_machines(lab)}
+    wait_for("the leaving Machines to be gone", all_gone, 300, explain=lambda: machines_state(lab))
     (new,) = compute_machines(lab)
     nodes = slurm_nodes()
     assert nodes == {hostname(new): "idle"}, (nodes, hostname(new))
