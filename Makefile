@@ -116,9 +116,9 @@ comma := ,
 E2E_ELASTIC := tests/e2e/test_elastic.py
 E2E_AUTOSCALE := tests/e2e/test_autoscale.py
 E2E_RELEASES := tests/e2e/test_releases.py
-# two clusters in one management cluster: in the second stream, after the Slurm 22.05 lab (the streams' lengths)
+# two clusters in one management cluster: after the other labs, in the molecule stream (the streams' lengths)
 E2E_TWO := tests/e2e/test_two_clusters.py
-# the pool shared with a Kubernetes workload cluster runs after the other labs, in the molecule stream (the streams' lengths)
+# the pool shared with a Kubernetes workload cluster: after the Slurm 22.05 lab, in the second stream (the lengths)
 E2E_CONVERGED := tests/e2e/test_converged.py
 E2E_OTHERS := $(filter-out $(E2E_ELASTIC) $(E2E_AUTOSCALE) $(E2E_RELEASES) $(E2E_CONVERGED) $(E2E_TWO),$(sort $(wildcard tests/e2e/test_*.py)))
 E2E_RUN := $(PYTHON) -m pytest -q --durations=8
@@ -147,7 +147,7 @@ beside = set +e; start=$$(date +%s); \
 
 e2e: dev-collection images kube-assets
 	@mkdir -p .lab/logs
-	@$(call beside,e2e,$(MAKE) -s e2e-others e2e-converged,$(MAKE) -s e2e-releases e2e-two)
+	@$(call beside,e2e,$(MAKE) -s -k e2e-others e2e-two,$(MAKE) -s -k e2e-releases e2e-converged)
 
 e2e-elastic: dev-collection images kube-assets
 	$(E2E_RUN) $(E2E_ELASTIC)
@@ -173,8 +173,8 @@ e2e-two: dev-collection images kube-assets
 ## make test       everything CI runs (installs what is missing first): the real servers (make
 ##                 kube-assets, CPU) built while the lab images build (mostly downloads), then three
 ##                 streams at once: the elastic lab; the autoscale lab, then pytest, lint and sanity, then the
-##                 Slurm 22.05 lab and the two clusters lab; the molecule scenarios, then the other labs, then the
-##                 shared pool lab (the first two streams' output is printed at the end, and kept in .lab/logs/). The cluster
+##                 Slurm 22.05 lab and the shared pool lab; the molecule scenarios, then the other labs, then the
+##                 two clusters lab (the first two streams' output is printed at the end, and kept in .lab/logs/). The cluster
 ##                 scenario on 22.05 (make molecule-22.05) is not in it: the 22.05 lab converges, validates and
 ##                 converges again with nothing changed, on the same release
 test: deps
@@ -182,7 +182,7 @@ test: deps
 	@set +e; ( set -o pipefail; $(MAKE) -s kube-assets 2>&1 | tee .lab/logs/kube-assets.log ) & kube_pid=$$!; \
 	  $(MAKE) images dev-collection; images=$$?; wait $$kube_pid; kube=$$?; \
 	  echo "[test] exit codes: images: $$images, kube-assets: $$kube"; test $$images -eq 0 && test $$kube -eq 0
-	@$(call beside,test,$(MAKE) -k molecule e2e-others e2e-converged,$(MAKE) -k unit lint e2e-releases e2e-two)
+	@$(call beside,test,$(MAKE) -k molecule e2e-others e2e-two,$(MAKE) -k unit lint e2e-releases e2e-converged)
 
 ## make build      build the collection tarball
 build:
