@@ -45,7 +45,6 @@ import threading
 import time
 import traceback
 
-import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
@@ -60,13 +59,6 @@ GONE_STATES = ("deprovisioning", "available", "ready", "powering off before dele
 
 def say(message):
     print("[hostagent %s] %s" % (time.strftime("%H:%M:%S"), message), flush=True)
-
-
-def api_from(kubeconfig):
-    with open(kubeconfig) as fh:
-        config = yaml.safe_load(fh)
-    cluster = config["clusters"][0]["cluster"]
-    return kubeapi.Api(cluster["server"], config["users"][0]["user"]["token"], cluster.get("certificate-authority"))
 
 
 def node_type_of(image_url):
@@ -353,9 +345,10 @@ def main(argv=None):
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopped.append(True))
-    workloads = {cluster: api_from(path) for cluster, path in (w.split("=", 1) for w in args.workload)}
-    Agent(api_from(args.kubeconfig), args.namespace, args.state, args.machines, args.provision_seconds,
-          args.deprovision_seconds, workloads).run(stopped)
+    workloads = {cluster: kubeapi.api_from_kubeconfig(path)
+                 for cluster, path in (w.split("=", 1) for w in args.workload)}
+    Agent(kubeapi.api_from_kubeconfig(args.kubeconfig), args.namespace, args.state, args.machines,
+          args.provision_seconds, args.deprovision_seconds, workloads).run(stopped)
     return 0
 
 

@@ -146,10 +146,7 @@ def serve(args):
 
 
 def apply(args):
-    with open(args.kubeconfig) as fh:
-        config = yaml.safe_load(fh)
-    cluster = config["clusters"][0]["cluster"]
-    api = kubeapi.Api(cluster["server"], config["users"][0]["user"]["token"], cluster.get("certificate-authority"))
+    api = kubeapi.api_from_kubeconfig(args.kubeconfig)
     create_all(api, read_stream(args.file))
     return 0
 
@@ -157,10 +154,7 @@ def apply(args):
 def claimed(args):
     """name, address and node type (its image's) of each host claimed and provisioned: the pool's hosts
     the MachineDeployments took, which lab/lab.sh waits for as for its other machines."""
-    with open(args.kubeconfig) as fh:
-        config = yaml.safe_load(fh)
-    cluster = config["clusters"][0]["cluster"]
-    api = kubeapi.Api(cluster["server"], config["users"][0]["user"]["token"], cluster.get("certificate-authority"))
+    api = kubeapi.api_from_kubeconfig(args.kubeconfig)
     for host in api.list("metal3.io/v1alpha1", "baremetalhosts", args.namespace):
         spec, status = host.get("spec") or {}, host.get("status") or {}
         nics = (status.get("hardware") or {}).get("nics") or []

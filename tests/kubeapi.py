@@ -207,6 +207,14 @@ CONTROLLERS = {"Machine": "capi-controller-manager", "MachineSet": "capi-control
                "Metal3Cluster": "capm3-controller-manager", "BareMetalHost": "baremetal-operator"}
 
 
+def api_from_kubeconfig(path):
+    """An Api for a kubeconfig file's first cluster and user (a bearer token; its CA as a file path)."""
+    with open(path) as fh:
+        config = yaml.safe_load(fh)
+    cluster = config["clusters"][0]["cluster"]
+    return Api(cluster["server"], config["users"][0]["user"]["token"], cluster.get("certificate-authority"))
+
+
 def plural_of(obj):
     return PLURALS[obj["kind"]]
 
