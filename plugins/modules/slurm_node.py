@@ -206,11 +206,21 @@ class SlurmNode:
         return True
 
     def idle(self):
-        """(idle, jobs, why not): idle only when squeue and scontrol both answered and both say so."""
-        jobs = self.jobs()
+        """(idle, jobs, why not): idle only when squeue and scontrol both answered and both say so. A node
+        that left Slurm meanwhile (another run deleted it: Slurm deletes no node a job runs on) is idle; squeue
+        refuses its name ("Invalid node name"), which is then no failure to wait out."""
         node = self.query_node()
         if node is None:
-            return not jobs, jobs, "the node left Slurm while jobs still ran on it" if jobs else None
+            return True, [], None
+        try:
+            jobs = self.jobs()
+        except QueryError:
+            if self.query_node() is None:
+                return True, [], None
+            raise
+        node = self.query_node()
+        if node is None:
+            return True, [], None
         busy = self.flags(node) & BUSY_STATES
         if jobs:
             return False, jobs, "job(s) %s still run on it" % ", ".join(jobs)
@@ -347,7 +357,9 @@ def main():
         module.fail_json(msg=msg, **result)
 
     if p["state"] == "absent":
-        slurm.run(["scontrol", "delete", "nodename=%s" % p["name"]])
+        # unless another run deleted it while this one waited
+        if slurm.show(p["timeout"], p["poll"]) is not None:
+            slurm.run(["scontrol", "delete", "nodename=%s" % p["name"]])
         result["changed"] = True
         result["node"] = {}
     else:

@@ -58,6 +58,13 @@ elif cmd == "scontrol" and args[0] == "delete":
 elif cmd == "squeue":
     node = args[args.index("--nodelist") + 1]
     st["polls"] = st.get("polls", 0) + 1
+    # another run deletes the node once its jobs are done: delete_after={node: polls}
+    if st.get("delete_after", {}).get(node) and st["polls"] >= st["delete_after"][node]:
+        st["jobs"][node] = []
+        st["nodes"].pop(node, None)
+    if node not in st["nodes"]:  # as squeue answers for a node Slurm does not know
+        save()
+        print("squeue: error: Invalid node name %s" % node, file=sys.stderr); sys.exit(1)
     jobs = st["jobs"].get(node, [])
     if jobs and st.get("finish_after") and st["polls"] >= st["finish_after"]:
         st["jobs"][node] = jobs = []
@@ -87,9 +94,10 @@ def fake(tmp_path):
     state = tmp_path / "state.json"
 
     def run(params, nodes=None, jobs=None, finish_after=None, check_mode=False, fail=None, hold_state=False,
-            norequeue=()):
+            norequeue=(), delete_after=None):
         state.write_text(json.dumps({"nodes": nodes or {}, "jobs": jobs or {}, "finish_after": finish_after,
-                                     "fail": fail or {}, "hold_state": hold_state, "norequeue": list(norequeue)}))
+                                     "fail": fail or {}, "hold_state": hold_state, "norequeue": list(norequeue),
+                                     "delete_after": delete_after or {}}))
         out = run_module("slurm_node", dict(params, poll=0.01), bindir, check_mode, FAKE_SLURM=str(state))
         return out, json.loads(state.read_text())
 
@@ -206,6 +214,15 @@ def test_a_node_still_completing_is_not_idle(fake):
     out, st = fake({"name": "cn1", "state": "absent", "timeout": 0}, {"cn1": {"state": "COMPLETING"}}, {})
     assert out["failed"] and "its state is COMPLETING+DRAIN" in out["msg"]
     assert "cn1" in st["nodes"]
+
+
+@pytest.mark.parametrize("state", ["drained", "absent"])
+def test_a_node_another_run_deletes_during_the_wait_ends_the_wait(fake, state):
+    # two scale-downs of the same Machines: the other run deleted the node once its job ended; squeue then
+    # refuses the node's name - no failure to wait out for the whole drain timeout
+    out, st = fake({"name": "cn1", "state": state, "timeout": 120, "allow_absent": True}, BUSY, {"cn1": ["41"]},
+                   delete_after={"cn1": 3})
+    assert not out.get("failed") and out["waited"] < 120 and "cn1" not in st["nodes"], out  # not the timeout
 
 
 def test_absent_node_is_ok(fake):
