@@ -1,5 +1,5 @@
-"""Shared pytest set-up: a running simulator loaded with objects recorded from a
-real kube-apiserver. pytest.ini puts the collection (through its ansible_collections
+"""Shared pytest set-up: a real kube-apiserver (tests/kubeapi.py) loaded with the objects the recorded
+transcripts were taken from, and the Machines tests make on it. pytest.ini puts the collection (through its ansible_collections
 namespace, .lab/collections made by `make dev-collection`) and lab/ on the path."""
 
 import asyncio
@@ -25,15 +25,12 @@ TRANSCRIPTS = os.path.normpath(os.path.join(REPO, "..", "shared", "k8s", "transc
 if not os.path.isdir(os.path.join(LINK, "plugins")):
     pytest.exit("the collection is not at %s: run `make dev-collection` (make unit does)" % LINK, returncode=4)
 
-from capisim import Identity, Simulator, Store  # noqa: E402
-from capisim.__main__ import READONLY_RULES  # noqa: E402
 import kubeapi  # noqa: E402
-from kubeapi import ADMIN_TOKEN, MARKER_TOKEN, READONLY_TOKEN, ROLES  # noqa: E402,F401
+from kubeapi import ADMIN_TOKEN, MARKER_TOKEN, READONLY_TOKEN, ROLES  # noqa: E402,F401  pylint: disable=unused-import
 
-# ---- the real kube-apiserver tier (tests/kube, and the fidelity tests' second backend): with
+# ---- the real kube-apiserver tier (tests/kube, and every test that talks to an API server): with
 # kube-apiserver and etcd in $KUBEBUILDER_ASSETS (make kube-assets), else skipped in one line
 KUBE_ASSETS, KUBE_MISSING = kubeapi.assets()
-BACKENDS = ["sim"] + (["kube"] if KUBE_ASSETS else [])
 if KUBE_MISSING:
     collect_ignore_glob = ["kube/test_*.py"]
 
@@ -51,6 +48,23 @@ def kube(tmp_path_factory):
     recorded transcripts were taken from (namespaces metal3 and lab2: read them, never change them;
     a test that writes takes a namespace of its own, kube_ns)."""
     server = kubeapi.KubeApiServer(tmp_path_factory.mktemp("kube-apiserver"))
+    try:
+        server.start()
+        kubeapi.load_recorded(server.api())
+    except Exception:
+        server.stop()
+        raise
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def recorded_server(tmp_path_factory):
+    """A kube-apiserver of the module's own holding only the recorded objects (namespaces metal3 and lab2,
+    10 Machines): for a test that lists every namespace, or restarts the server."""
+    if KUBE_MISSING:
+        pytest.skip("real kube-apiserver tier skipped: " + KUBE_MISSING)
+    server = kubeapi.KubeApiServer(tmp_path_factory.mktemp("recorded-apiserver"))
     try:
         server.start()
         kubeapi.load_recorded(server.api())
@@ -105,21 +119,6 @@ def objects_by_kind(name="capi-hpc.yaml"):
     return out
 
 
-def start_sim(documents=(), resources=None):
-    store = Store(resources) if resources is not None else Store()
-    store.load(list(documents))
-    tokens = {ADMIN_TOKEN: Identity("admin"), READONLY_TOKEN: Identity("machine-reader", READONLY_RULES),
-              MARKER_TOKEN: Identity(ROLES[MARKER_TOKEN][0], kubeapi.sim_rules(ROLES[MARKER_TOKEN][2]))}
-    return Simulator(store, tokens).start()
-
-
-@pytest.fixture
-def sim():
-    server = start_sim(load_fixture("capi-hpc.yaml"))
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def free_port():
     with socket.socket() as s:
@@ -155,62 +154,17 @@ HOOK = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/converged-hpc"
 CAPI_G, CAPI_V = "cluster.x-k8s.io", "v1beta2"
 
 
-def machines(sim):
-    return sim.store.resource(CAPI_G, "machines")
+def a_machine(world, name, phase="Provisioned", node_type="compute"):
+    """A Machine in world's namespace as Cluster API makes one (make_machine), with our hook."""
+    return make_machine(world.api(), world.ns, name, phase=phase, node_type=node_type)
 
 
-def a_machine(sim, name, phase="Provisioned", node_type="compute", namespace="metal3"):
-    template = next(d for d in load_fixture("capi-hpc.yaml") if d["kind"] == "Machine")
-    obj = copy.deepcopy(template)
-    obj["metadata"] = {"name": name, "namespace": namespace,
-                       "labels": {"node-type": node_type, "cluster.x-k8s.io/cluster-name": "hpc"},
-                       "annotations": {HOOK: "converged-hpc"}, "finalizers": ["machine.cluster.x-k8s.io"]}
-    obj["status"] = {"phase": phase}
-    obj.pop("apiVersion", None)
-    obj["apiVersion"] = "%s/%s" % (CAPI_G, CAPI_V)
-    created = sim.store.create(machines(sim), namespace, {k: v for k, v in obj.items() if k != "status"})
-    set_phase(sim, name, phase, namespace)
-    return created
-
-
-def set_phase(sim, name, phase, namespace="metal3"):
-    store = sim.store
-    obj = copy.deepcopy(store.get(machines(sim), namespace, name))
-    obj["status"] = dict(obj.get("status") or {}, phase=phase)
-    store.update(machines(sim), namespace, name, obj, subresource="status")
-
-
-@pytest.fixture
-def world():
-    """An empty simulator with the namespace the lab's Machines live in (metal3)."""
-    sim = start_sim([])
-    sim.store.create(sim.store.resource("", "namespaces"), None,
-                     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "metal3"}})
-    yield sim
-    sim.stop()
-
-
-# ---- the simulator over HTTPS (a self-signed certificate for 127.0.0.1)
-def self_signed(tmp_path, name):
-    cert, key = tmp_path / (name + ".crt"), tmp_path / (name + ".key")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-                    "/CN=" + name, "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
-    return str(cert), str(key)
-
-
-@pytest.fixture
-def tls_sim(tmp_path):
-    """The capi-hpc fixture served over HTTPS; its CA is tmp_path/capisim.crt."""
-    store = Store()
-    store.load(load_fixture("capi-hpc.yaml"))
-    server = Simulator(store, {ADMIN_TOKEN: Identity("admin")}, tls=self_signed(tmp_path, "capisim")).start()
-    yield server
-    server.stop()
+def set_phase(world, name, phase):
+    return set_machine_phase(world.api(), world.ns, name, phase)
 
 
 class Backend:
-    """A Kubernetes API to test against: the simulator or the real server, reached the same way."""
+    """The real kube-apiserver as tests reach it: its URL, CA, tokens, kubeconfig files and K8S_AUTH_* variables."""
 
     def __init__(self, name, url, ca_cert=None, sim=None, server=None):
         self.name, self.url, self.ca_cert, self.sim, self.server = name, url, ca_cert, sim, server
@@ -254,32 +208,21 @@ class Backend:
         return out
 
 
-@pytest.fixture(params=BACKENDS)
-def tls_backend(request, tmp_path):
-    """A backend over HTTPS with a CA to check it by: the simulator with the capi-hpc fixture (its CA
-    tmp_path/capisim.crt), or the real kube-apiserver (the recorded objects)."""
-    if request.param == "sim":
-        store = Store()
-        store.load(load_fixture("capi-hpc.yaml"))
-        server = Simulator(store, {ADMIN_TOKEN: Identity("admin")}, tls=self_signed(tmp_path, "capisim")).start()
-        yield Backend("sim", server.url, str(tmp_path / "capisim.crt"), sim=server)
-        server.stop()
-    else:
-        server = request.getfixturevalue("kube")
-        yield Backend("kube", server.url, server.ca_cert, server=server)
-
-
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture
 def backend(request):
-    """Each test once against the simulator (loaded with the recorded lists) and once against the real
-    kube-apiserver (holding the objects they were recorded from): the simulator must answer as it does."""
-    if request.param == "sim":
-        server = start_sim(load_fixture("capi-hpc.yaml"))
-        yield Backend("sim", server.url, sim=server)
-        server.stop()
-    else:
-        server = request.getfixturevalue("kube")
-        yield Backend("kube", server.url, server.ca_cert, server=server)
+    """The session's real kube-apiserver (holding the objects the recorded lists were taken from), reached
+    over HTTPS with its CA; skipped, as the whole tier is, without the binaries."""
+    if KUBE_MISSING:
+        pytest.skip("real kube-apiserver tier skipped: " + KUBE_MISSING)
+    server = request.getfixturevalue("kube")
+    return Backend("kube", server.url, server.ca_cert, server=server)
+
+
+@pytest.fixture
+def world(backend):
+    """The real server, with a namespace of the test's own (backend.ns) for what the test writes."""
+    backend.ns = backend.namespace()
+    return backend
 
 
 # ---- Machines through the API (either backend): valid objects, status through /status

@@ -1,4 +1,4 @@
-"""A real kube-apiserver for tests, and one small HTTP client for it and for the simulator.
+"""A real kube-apiserver for tests, and one small HTTP client for it.
 
 The envtest convention: `kube-apiserver` and `etcd` are found in the directory $KUBEBUILDER_ASSETS
 (`make kube-assets` builds kube-apiserver and the controllers from their Go modules, kube-assets/, and
@@ -52,12 +52,6 @@ ROLES = {READONLY_TOKEN: ("machine-reader", "inventory-readers", READER_RULES),
          MARKER_TOKEN: ("marker", "markers", MARKER_RULES)}
 
 
-def sim_rules(rules):
-    """RBAC rules as the simulator's Identity takes them: {(group, resource, verb)}."""
-    return {(group, resource, verb) for rule in rules for group in rule["apiGroups"]
-            for resource in rule["resources"] for verb in rule["verbs"]}
-
-
 def assets():
     """The directory holding kube-apiserver and etcd, or None with the reason."""
     where = os.environ.get(ASSETS_VARIABLE)
@@ -82,8 +76,8 @@ class ApiError(Exception):
 
 
 class Api:
-    """Plain HTTP(S) requests to a Kubernetes API with one bearer token: the real server's or the
-    simulator's (the same requests, so tests can hold both to the same answers)."""
+    """Plain HTTP(S) requests to a Kubernetes API with one bearer token (a test's own view of the server,
+    apart from the collection's client)."""
 
     def __init__(self, url, token, ca_cert=None):
         self.url, self.token = url.rstrip("/"), token
@@ -323,15 +317,17 @@ class KubeApiServer:
     """etcd and kube-apiserver from $KUBEBUILDER_ASSETS on loopback, the CRDs installed."""
 
     def __init__(self, workdir, assets_dir=None, crds=CRDS, port=None, admin_token=ADMIN_TOKEN,
-                 test_users=True):
+                 test_users=True, audit=False):
         """crds: a directory of CRD files, a list of them (each a directory, or (directory, labels) to
         label every CRD of it), or None. port: the secure port (a free one by default); admin_token: the
         system:masters user's (the lab gives its own); test_users: also the tests' users with their fixed
-        tokens and roles (the lab has none of them)."""
+        tokens and roles (the lab has none of them). audit: keep the server's audit log of every request
+        (requests() reads it)."""
         self.workdir = str(workdir)
         self.port, self.admin_token, self.test_users = port, admin_token, test_users
         self.assets = assets_dir or assets()[0]
         self.crds = [crds] if isinstance(crds, str) else list(crds or [])
+        self.audit_log = os.path.join(self.workdir, "audit.log") if audit else None
         self.procs = []
         self.url = None
         self.ca_cert = os.path.join(self.workdir, "ca.crt")
@@ -350,7 +346,7 @@ class KubeApiServer:
                     fh.write('%s,%s,%s-uid,"%s"\n' % (token, user, user, group))
                 fh.write('%s,nobody,nobody-uid\n' % NOBODY_TOKEN)
         client, peer, port = free_port(), free_port(), self.port or free_port()
-        etcd_url = "http://127.0.0.1:%d" % client
+        etcd_url = self.etcd_url = "http://127.0.0.1:%d" % client
         self._spawn("etcd", [os.path.join(self.assets, "etcd"), "--data-dir", os.path.join(self.workdir, "etcd"),
                              "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
                              "--listen-peer-urls", "http://127.0.0.1:%d" % peer,
@@ -366,6 +362,12 @@ class KubeApiServer:
             "--service-account-signing-key-file=%s/sa.key" % w, "--service-account-issuer=" + self.url,
             "--token-auth-file=%s/tokens.csv" % w, "--authorization-mode=RBAC",
             "--service-cluster-ip-range=10.96.0.0/16", "--endpoint-reconciler-type=none"]
+        if self.audit_log:
+            with open(os.path.join(w, "audit-policy.yaml"), "w") as fh:
+                yaml.safe_dump({"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+                                "rules": [{"level": "Metadata"}]}, fh)
+            self._apiserver_argv += ["--audit-policy-file=%s/audit-policy.yaml" % w,
+                                     "--audit-log-path=" + self.audit_log, "--audit-log-mode=blocking"]
         self._spawn("kube-apiserver", self._apiserver_argv)
         api = self.api()
         self._wait(lambda: api.request("GET", "/readyz")[1] == "ok", timeout, "/readyz")
@@ -387,6 +389,33 @@ class KubeApiServer:
         self._wait(lambda: api.request("GET", "/readyz")[1] == "ok", timeout, "/readyz")
         self._wait(lambda: api.request("GET", "/apis/cluster.x-k8s.io/v1beta2/machines", query={"limit": 1})[0] == 200,
                    timeout, "the Machines")
+
+    def requests(self, user=None):
+        """What the server was asked, from its audit log: (verb, path, query) of each request answered,
+        in order (user: only that user's; the test users' names are in ROLES, the admin is "admin")."""
+        out = []
+        with open(self.audit_log) as fh:
+            for line in fh:
+                event = json.loads(line)
+                if event.get("stage") != "ResponseComplete" or (user and event["user"].get("username") != user):
+                    continue
+                url = urllib.parse.urlsplit(event["requestURI"])
+                out.append((event["verb"], url.path, dict(urllib.parse.parse_qsl(url.query))))
+        return out
+
+    def compact(self):
+        """Compact etcd after a write (what kube-apiserver does every 5 minutes): every resourceVersion
+        given so far and the continue tokens made at them are gone once the watch cache no longer holds
+        them (restart_apiserver); the revision compacted at."""
+        def post(path, body):
+            req = urllib.request.Request(self.etcd_url + path, json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return json.load(resp)
+        # a write of a key of our own first: every resourceVersion handed out so far is then older than it
+        revision = int(post("/v3/kv/put", {"key": "L3Rlc3RzL2NvbXBhY3Q=", "value": "MQ=="})["header"]["revision"])
+        post("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
 
     def stop(self):
         for proc in reversed(self.procs):

@@ -1,6 +1,7 @@
 """docs/awx.md's command lines run as written: the webhook rulebook's (its vars file, its inventory line,
 ansible-rulebook) and the curl check of a template's webhook, against AWX's webhook receiver
-(tests/awx_receiver.py) and the simulator, with only the URL, the key and the kubeconfig path put in.
+(tests/awx_receiver.py) and a real kube-apiserver, with only the URL, the key, the kubeconfig path and the
+namespace (the test's own) put in.
 The control node has several Pythons: the python3 (and python3.X) found first on PATH are not the one
 with the collection's dependencies, as on many control nodes."""
 
@@ -12,7 +13,6 @@ import subprocess
 import time
 
 import pytest
-import yaml
 
 from awx_receiver import QUEUED, Receiver
 from conftest import ADMIN_TOKEN, COLLECTIONS, REPO, a_machine
@@ -53,15 +53,12 @@ def receiver():
 
 def test_the_webhook_rulebook_runs_as_documented(world, receiver, tmp_path, decoy_path):
     a_machine(world, "cn-1")
-    kubeconfig = tmp_path / "mgmt"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "mgmt",
-        "clusters": [{"name": "mgmt", "cluster": {"server": world.url}}],
-        "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
-        "contexts": [{"name": "mgmt", "context": {"cluster": "mgmt", "user": "admin"}}]}))
+    kubeconfig = world.kubeconfig(tmp_path / "mgmt", context="mgmt")
     script = block_with("converged.hpc.reconcile_webhook")
+    assert "converged_capi_namespaces: [metal3]" in script
+    script = script.replace("converged_capi_namespaces: [metal3]", "converged_capi_namespaces: [%s]" % world.ns)
     script = script.replace(URL, receiver.url + "/api/v2/job_templates/12/github/")
-    script = script.replace("<the content of converged-hpc-reconcile.key>", KEY).replace("~/.kube/mgmt", str(kubeconfig))
+    script = script.replace("<the content of converged-hpc-reconcile.key>", KEY).replace("~/.kube/mgmt", kubeconfig)
     assert "ansible_python_interpreter" in script  # the interpreter is named, not discovered
     env = dict(os.environ, PATH=decoy_path, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS,
                ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))

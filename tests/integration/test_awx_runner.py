@@ -5,8 +5,8 @@ K8S_AUTH_API_KEY, K8S_AUTH_VERIFY_SSL, K8S_AUTH_SSL_CA_CERT as a path) and the c
 credential type (K8S_AUTH_KUBECONFIG, a file AWX writes) - over HTTPS; then a job of the reconcile
 template on that inventory, with a GitHub-style awx_webhook_payload, reaching the management
 cluster through the same credential. (No Slurm answers here: the lab's e2e runs the whole reconcile
-through ansible-runner.) No token in any artifact runner keeps. On both backends: the simulator and a
-real kube-apiserver, each over HTTPS with a CA of its own."""
+through ansible-runner.) No token in any artifact runner keeps. On a real kube-apiserver,
+over HTTPS with its CA."""
 
 import json
 import os
@@ -79,10 +79,10 @@ def job_output(pdd):
 
 
 @pytest.mark.parametrize("credential", [bearer_token_credential, kubeconfig_credential])
-def test_inventory_update_then_a_webhook_job_as_awx_runs_them(tls_backend, tmp_path, monkeypatch, credential):
+def test_inventory_update_then_a_webhook_job_as_awx_runs_them(backend, tmp_path, monkeypatch, credential):
     clean_environ(monkeypatch)
     pdd = private_data_dir(tmp_path)
-    envvars = runner_env(credential(pdd, tls_backend))
+    envvars = runner_env(credential(pdd, backend))
 
     # the inventory update: ansible-inventory on the project's source file, in the project
     out, err = ansible_runner.interface.get_inventory(
@@ -109,7 +109,7 @@ def test_inventory_update_then_a_webhook_job_as_awx_runs_them(tls_backend, tmp_p
     # not exist here, so no controller answers, and the run says so in one line
     assert "TASK [Take the run's Lease]" in stdout, stdout[-3000:]
     assert "no Slurm controller answers" in stdout, stdout[-3000:]
-    lease = tls_backend.api().get("coordination.k8s.io/v1", "leases", "default", "converged-hpc")
+    lease = backend.api().get("coordination.k8s.io/v1", "leases", "default", "converged-hpc")
     assert "ansible-playbook pid" in lease["spec"]["holderIdentity"]
     assert run.rc != 0
     assert ADMIN_TOKEN not in job_output(pdd)

@@ -1,4 +1,4 @@
-"""converged.hpc.capi_scale (module_utils/capi_scale.py) on both backends, every result read back from
+"""converged.hpc.capi_scale (module_utils/capi_scale.py) on a real kube-apiserver, every result read back from
 the server: a scale-down marks its Machines first and lowers the replicas through /scale, a scale-up
 writes its annotation, replicas changed by someone else change nothing, a refused scale puts back what
 it wrote, a stale mark is taken back (a pending deletion's is not), check mode stores nothing, and bad

@@ -1,4 +1,4 @@
-"""Credentials never cross between clients in one process, on both backends.
+"""Credentials never cross between clients in one process, on a real kube-apiserver.
 
 ansible-playbook's own process loads the inventory's kubeconfig (and kubernetes.core's lookups load
 theirs there too); one ansible-rulebook runs several event sources. The kubernetes library keeps a

@@ -1,4 +1,4 @@
-"""converged.hpc.machine_hook run by ansible-playbook against the simulator: on the control node it
+"""converged.hpc.machine_hook run by ansible-playbook on a real kube-apiserver: on the control node it
 runs in Ansible's own process (no Python for modules there), reports changed only when it changed the
 Machine, writes nothing in check mode, and names a bad argument before any request."""
 
@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from conftest import ADMIN_TOKEN, HOOK, REPO, a_machine, ansible_env, machines
+from conftest import ADMIN_TOKEN, CAPI_G, CAPI_V, HOOK, REPO, a_machine, ansible_env
 
 PLAY = """
 - hosts: localhost
@@ -15,7 +15,7 @@ PLAY = """
     - name: Act on the hook
       converged.hpc.machine_hook:
         name: cn-1
-        namespace: metal3
+        namespace: {namespace}
         api_version: cluster.x-k8s.io/v1beta2
         hook: {hook}
         state: {state}
@@ -26,10 +26,10 @@ PLAY = """
 """
 
 
-def play(sim, tmp_path, state, hook=HOOK, check=False):
+def play(world, tmp_path, state, hook=HOOK, check=False):
     path = tmp_path / "play.yml"
-    path.write_text(PLAY.format(hook=hook, state=state))
-    env = ansible_env(K8S_AUTH_HOST=sim.url, K8S_AUTH_API_KEY=ADMIN_TOKEN)
+    path.write_text(PLAY.format(hook=hook, state=state, namespace=world.ns))
+    env = ansible_env(**world.auth_env())
     proc = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", str(path),
                            "-e", "ansible_python_interpreter=/nonexistent/python3"] + (["--check"] if check else []),
                           cwd=REPO, env=env, capture_output=True, text=True, check=False)
@@ -42,8 +42,8 @@ def acted(proc):
     return json.loads(json.loads("{%s}" % line.strip())["msg"][len("ACTED "):])
 
 
-def annotations(sim):
-    return sim.store.get(machines(sim), "metal3", "cn-1")["metadata"].get("annotations") or {}
+def annotations(world):
+    return world.api().get(CAPI_G + "/" + CAPI_V, "machines", world.ns, "cn-1")["metadata"].get("annotations") or {}
 
 
 def test_released_and_put_back_in_ansibles_own_process(world, tmp_path):
@@ -72,10 +72,9 @@ def test_a_task_environment_reaches_the_module_it_then_runs(world, tmp_path):
     # the credentials only in the task's environment keyword: a module run sees them, this process does not
     a_machine(world, "cn-1")
     path = tmp_path / "env.yml"
-    path.write_text(PLAY.format(hook=HOOK, state="absent").replace(
+    path.write_text(PLAY.format(hook=HOOK, state="absent", namespace=world.ns).replace(
         "      register: acted",
-        "      register: acted\n      environment:\n        K8S_AUTH_HOST: %s\n        K8S_AUTH_API_KEY: %s"
-        % (world.url, ADMIN_TOKEN)))
+        "      register: acted\n      environment:\n" + "".join("        %s: %s\n" % kv for kv in world.auth_env().items())))
     proc = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", str(path),
                            "-e", "ansible_python_interpreter=" + sys.executable], cwd=REPO,
                           env=ansible_env(), capture_output=True, text=True, check=False)

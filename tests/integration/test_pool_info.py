@@ -1,7 +1,6 @@
-"""converged.hpc.pool_info (module_utils/capi_pool.py) on both backends, the simulator and the real
-kube-apiserver: a pool's four lists at once, without managedFields; only the kinds asked, the Machines a
-label selector names; a bad API version named before any request, and a token that may not list what
-is asked named with the server's refusal."""
+"""converged.hpc.pool_info (module_utils/capi_pool.py) on a real kube-apiserver: a pool's four lists at
+once, without managedFields; only the kinds asked, the Machines a label selector names; a bad API version
+named before any request, and a token that may not list what is asked named with the server's refusal."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""The collection's rulebook run by the real ansible-rulebook (Java 17 + drools) against the simulator:
+"""The collection's rulebook run by the real ansible-rulebook (Java 17 + drools) on a real kube-apiserver:
 the initial state starts one run, a burst of Machines one more, and a source stopped and started
 again misses nothing. The playbook it runs here records the event it was given
 (converged_reconcile_playbook); the lab's e2e runs the real reconcile.yml."""
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from awx_receiver import Receiver
-from conftest import ADMIN_TOKEN, REPO, a_machine, ansible_env
+from conftest import ADMIN_TOKEN, CAPI_G, CAPI_V, REPO, a_machine, ansible_env
 
 pytestmark = pytest.mark.skipif(not shutil.which("ansible-rulebook") or not shutil.which("java"),
                                 reason="needs ansible-rulebook and a Java 17 runtime")
@@ -39,12 +39,12 @@ RECORD = """
 """
 
 
-def start(tmp_path, env_extra, rulebook="reconcile", **rulebook_vars):
+def start(tmp_path, env_extra, rulebook="reconcile", namespace="metal3", **rulebook_vars):
     record = tmp_path / "events.jsonl"
     limit_check = os.path.join(REPO, "playbooks", "tasks", "limit_check.yml")
     (tmp_path / "record.yml").write_text(RECORD.format(path=record, limit_check=limit_check))
     (tmp_path / "vars.yml").write_text(yaml.safe_dump(dict({
-        "converged_capi_namespaces": ["metal3"], "converged_capi_window": 1,
+        "converged_capi_namespaces": [namespace], "converged_capi_window": 1,
         "converged_reconcile_playbook": str(tmp_path / "record.yml")}, **rulebook_vars)))
     (tmp_path / "vars.yml").chmod(0o600)
     (tmp_path / "hosts").write_text("localhost ansible_connection=local ansible_python_interpreter=%s\n"
@@ -88,8 +88,8 @@ def stop(proc):
 
 def test_events_run_the_playbook_once_per_burst_and_a_restart_misses_nothing(world, tmp_path):
     a_machine(world, "cn-1")
-    env = {"K8S_AUTH_HOST": world.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN}
-    proc, record = start(tmp_path, env)
+    env = world.auth_env()
+    proc, record = start(tmp_path, env, namespace=world.ns)
     try:
         first = wait_events(record, 1, proc)[0]
         assert first["reasons"] == ["initial"] and [m["name"] for m in first["machines"]] == ["cn-1"]
@@ -102,8 +102,8 @@ def test_events_run_the_playbook_once_per_burst_and_a_restart_misses_nothing(wor
     finally:
         stop(proc)
     a_machine(world, "cn-12")  # while nothing watches
-    world.store.delete(world.store.resource("cluster.x-k8s.io", "machines"), "metal3", "cn-1")
-    proc, record = start(tmp_path, env)
+    world.api().delete(CAPI_G + "/" + CAPI_V, "machines", world.ns, "cn-1")  # its finalizer keeps it: deleting
+    proc, record = start(tmp_path, env, namespace=world.ns)
     try:
         third = wait_events(record, 3, proc)[2]
         names = [m["name"] for m in third["machines"]]
@@ -114,7 +114,7 @@ def test_events_run_the_playbook_once_per_burst_and_a_restart_misses_nothing(wor
 
 
 def test_a_bad_start_is_one_clear_line(world, tmp_path):
-    proc, _record = start(tmp_path, {"K8S_AUTH_HOST": world.url, "K8S_AUTH_API_KEY": "not-the-token"})
+    proc, _record = start(tmp_path, dict(world.auth_env(), K8S_AUTH_API_KEY="not-the-token"), namespace=world.ns)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0
     assert "converged.hpc.capi_machines cannot start" in out and "401 Unauthorized" in out, out
@@ -126,8 +126,8 @@ def test_events_reach_awx_as_signed_webhooks_one_job_per_burst(world, tmp_path, 
     key = "webhook-key-%s-Xw3" % service
     awx = Receiver({7: {"service": service, "key": key}})
     a_machine(world, "cn-1")
-    env = {"K8S_AUTH_HOST": world.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN}
-    proc, _record = start(tmp_path, env, "reconcile_webhook", converged_awx_webhook_url=awx.webhook_url(7),
+    env = world.auth_env()
+    proc, _record = start(tmp_path, env, "reconcile_webhook", world.ns, converged_awx_webhook_url=awx.webhook_url(7),
                           converged_awx_webhook_service=service, converged_awx_webhook_key=key)
     try:
         deadline = time.monotonic() + 90
@@ -159,9 +159,10 @@ def ticks_and_events(world, tmp_path, tmp_path_factory, rulebook, ticks_wanted):
     # TMPDIR: the tick source's stamp is per user and source name; this test's stays apart from a lab's
     # (not under tmp_path: ansible-rulebook copies its working directory into TMPDIR)
     tmpdir = tmp_path_factory.mktemp("tmpdir")
-    env = {"K8S_AUTH_HOST": world.url, "K8S_AUTH_API_KEY": ADMIN_TOKEN, "TMPDIR": str(tmpdir)}
-    proc, record = start(tmp_path, env, rulebook, **{"converged_%s_playbook" % rulebook: str(tmp_path / "record.yml"),
-                                                     "converged_%s_interval" % rulebook: 2})
+    env = dict(world.auth_env(), TMPDIR=str(tmpdir))
+    proc, record = start(tmp_path, env, rulebook, world.ns,
+                         **{"converged_%s_playbook" % rulebook: str(tmp_path / "record.yml"),
+                            "converged_%s_interval" % rulebook: 2})
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:

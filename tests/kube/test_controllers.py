@@ -266,7 +266,7 @@ if args[0] == "machine-boot":
 
 
 def test_the_lab_host_agent_boots_and_removes_what_the_controllers_provision(management, tmp_path):
-    """The lab's real management cluster as lab/lab.sh writes it (lab/capi_objects.py --real: hosts with their
+    """The lab's real management cluster as lab/lab.sh writes it (lab/capi_objects.py: hosts with their
     hardware details annotation and BMC Secrets, a MachineDeployment and its template; lab/mgmt.py: the
     cluster's kubeconfig Secret) and its host agent (lab/hostagent.py) with a stand-in for lab/machines.py
     that records what it is asked: the host CAPM3 claims is booted once, with the node type its image names,
@@ -331,7 +331,7 @@ def test_the_lab_host_agent_boots_and_removes_what_the_controllers_provision(man
 
 
 def test_a_kubernetes_worker_is_followed_and_drained_by_cluster_api(management, tmp_path):
-    """The shared pool's Kubernetes workers on the real controllers (lab/capi_objects.py --real --kubernetes-gpu,
+    """The shared pool's Kubernetes workers on the real controllers (lab/capi_objects.py --kubernetes-gpu,
     lab/mgmt.py --workload, lab/hostagent.py --workload): the workload cluster has its own kube-apiserver; the
     host agent, as the host's kubelet, registers its Node once the host CAPM3 claimed has booted (the host's
     GPUs as capacity, the providerID CAPM3 gave), and Cluster API - not us - sets the Machine's nodeRef and

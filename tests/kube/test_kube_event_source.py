@@ -1,7 +1,8 @@
 """The event source (extensions/eda/plugins/event_source/capi_machines.py) against a real kube-apiserver:
 the initial list, a burst coalesced, deleting, relabelled, a watch the server ends and its resume, a
 410 after kube-apiserver restarts (its new watch cache no longer holds the source's resourceVersion),
-a wrong token, a token that may only read Machines."""
+a wrong token, a missing kubeconfig, a token that may only read Machines, and only the namespaces and
+clusters asked."""
 
 import time
 
@@ -76,6 +77,23 @@ def test_a_wrong_token_is_one_clear_line(kube, kube_ns):
     assert isinstance(res["error"], CapiApiError)
     message = str(res["error"])
     assert "cannot start" in message and "401" in message and "wrong-token" not in message
+
+
+def test_a_missing_kubeconfig_is_named(tmp_path):
+    thread, _out, res = run_source({"kubeconfig": str(tmp_path / "nope")}, lambda ev: False, timeout=5)
+    thread.join(30)
+    assert "kubeconfig %s does not exist" % (tmp_path / "nope") in str(res["error"])
+
+
+def test_only_the_namespaces_and_clusters_asked_are_followed(kube, kube_ns):
+    api, other_ns = kube.api(), kube_ns + "-other"
+    api.namespace(other_ns)
+    make_machine(api, kube_ns, "cn-1")
+    make_machine(api, kube_ns, "cn-y", cluster="other")
+    make_machine(api, other_ns, "cn-x")
+    thread, out, res = run_source(args_for(kube, kube_ns, clusters=["hpc"]), lambda ev: len(ev) >= 1, timeout=40)
+    thread.join(40)
+    assert reasons(out.events) == [(["initial"], ["cn-1"])], res
 
 
 @pytest.fixture

@@ -1,6 +1,5 @@
-"""converged.hpc.k8s_secret and capi_client.read_secret on both backends (the simulator and a real
-kube-apiserver): a Secret as the API returns it, an absent one, a refused read named without the
-token, and bad terms. The Secret is in a namespace of the test's own."""
+"""converged.hpc.k8s_secret and capi_client.read_secret on a real kube-apiserver: a Secret as the API
+returns it, an absent one, a refused read named without the token, and bad terms. The Secret is in a namespace of the test's own."""
 
 import base64
 

@@ -27,8 +27,13 @@ def recorded_page(name):
     return body, json.dumps(body, separators=(",", ":")).encode()
 
 
-def reader(sim, token=ADMIN_TOKEN, page_size=3):
-    configuration, headers = build_configuration(host=sim.url, api_key=token)
+@pytest.fixture
+def server(recorded_server):
+    return recorded_server
+
+
+def reader(server, token=ADMIN_TOKEN, page_size=3):
+    configuration, headers = build_configuration(host=server.url, api_key=token, ca_cert=server.ca_cert)
     return CapiReader(configuration, page_size=page_size, headers=headers)
 
 
@@ -101,8 +106,8 @@ def test_a_page_not_laid_out_as_the_server_writes_it_is_decoded_whole():
     assert without_managed_fields(raw) is raw
 
 
-def test_a_list_without_managed_fields_has_every_other_field(sim):
-    rd = reader(sim)
+def test_a_list_without_managed_fields_has_every_other_field(server):
+    rd = reader(server)
     try:
         full = rd.list(G, V, "machines")
         lean = rd.list(G, V, "machines", managed_fields=False)
@@ -114,32 +119,44 @@ def test_a_list_without_managed_fields_has_every_other_field(sim):
     assert lean == full
 
 
-def test_look_ahead_lists_the_same_items_in_as_many_requests(sim):
-    plain, ahead = reader(sim), reader(sim)
+def test_look_ahead_lists_the_same_items_in_as_many_requests(server):
+    plain, ahead = reader(server), reader(server)
     plain.look_ahead = False
+    original, sent = ahead.request, []
+
+    def request(path, query=None, **kwargs):
+        sent.append((path, dict(query or {})))
+        return original(path, query, **kwargs)
+
+    ahead.request = request
     try:
         want = plain.list(G, V, "machines")
-        sim.requests.clear()
         got = ahead.list(G, V, "machines")
     finally:
         plain.close()
         ahead.close()
     assert [m["metadata"]["name"] for m in got] == [m["metadata"]["name"] for m in want]
     assert len(got) == 10
-    pages = [q for m, p, q in sim.requests if p.endswith("/machines")]
+    pages = [q for p, q in sent if p.endswith("/machines")]
     assert len(pages) == 4 and ahead.requests == 4  # 10 Machines, 3 a page: no request wasted
     assert [q.get("continue") is None for q in pages] == [True, False, False, False]
 
 
-def test_look_ahead_restarts_when_the_token_expired(sim):
-    """The page asked for ahead comes back 410 (compaction): the list starts again, whole."""
-    rd = reader(sim)
+def test_look_ahead_restarts_when_the_token_expired(server):
+    """The page asked for ahead comes back 410 (its token outlived by an etcd compaction and a kube-apiserver
+    restart): the list starts again, whole."""
+    rd = reader(server)
     original, compacted = rd.request, []
 
+    firsts = []
+
     def request(path, query=None, **kwargs):
+        if not (query or {}).get("continue"):
+            firsts.append(path)
         if query and query.get("continue") and not compacted:
             compacted.append(True)
-            sim.store.compact()
+            server.compact()
+            server.restart_apiserver()
         return original(path, query, **kwargs)
 
     rd.request = request
@@ -147,12 +164,12 @@ def test_look_ahead_restarts_when_the_token_expired(sim):
         got = rd.list(G, V, "machines")
     finally:
         rd.close()
-    assert compacted and len(got) == 10
+    assert compacted and len(got) == 10 and len(firsts) == 2  # the 410: a first page asked again
     assert len({m["metadata"]["name"] for m in got}) == 10
 
 
-def test_transform_is_applied_to_every_item(sim):
-    rd = reader(sim)
+def test_transform_is_applied_to_every_item(server):
+    rd = reader(server)
     try:
         names = rd.list(G, V, "machines", transform=lambda m: m["metadata"]["name"])
     finally:
@@ -160,8 +177,8 @@ def test_transform_is_applied_to_every_item(sim):
     assert len(names) == 10 and all(isinstance(n, str) for n in names)
 
 
-def test_several_lists_at_once_each_with_its_own_answer(sim):
-    rd = reader(sim, token=READONLY_TOKEN)
+def test_several_lists_at_once_each_with_its_own_answer(server):
+    rd = reader(server, token=READONLY_TOKEN)
     try:
         out = rd.list_many({"machines": ((G, V, "machines"), {}),
                             "bmh": (("metal3.io", "v1alpha1", "baremetalhosts"), {})})
@@ -171,9 +188,9 @@ def test_several_lists_at_once_each_with_its_own_answer(sim):
     assert isinstance(out["bmh"], CapiApiError) and "403 Forbidden" in str(out["bmh"])
 
 
-def test_many_lists_with_look_aheads_never_wait_on_each_other(sim):
+def test_many_lists_with_look_aheads_never_wait_on_each_other(server):
     """More lists than a pool has threads, every one with pages to look ahead for."""
-    rd = reader(sim, page_size=1)
+    rd = reader(server, page_size=1)
     try:
         out = rd.list_many({i: ((G, V, "machines"), {}) for i in range(12)})
     finally:

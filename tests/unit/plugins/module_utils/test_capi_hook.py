@@ -1,9 +1,7 @@
-"""Our deletion hook on a Machine (module_utils/capi_hook.py) on both backends (the simulator and a
-real kube-apiserver), the Machine read back from the server: put and released with a merge patch of
-that one annotation, idempotent, read again on 409, check mode, a Machine that is missing or being
-deleted, a bad hook key, and RBAC without the token in the message."""
-
-import pytest
+"""Our deletion hook on a Machine (module_utils/capi_hook.py) on a real kube-apiserver, the Machine read
+back from the server: put and released with a merge patch of that one annotation, idempotent, read again
+on 409, check mode, a Machine that is missing or being deleted, a bad hook key, and RBAC without the token
+in the message."""
 
 from conftest import ADMIN_TOKEN, HOOK, READONLY_TOKEN, make_machine
 
@@ -11,13 +9,6 @@ from ansible_collections.converged.hpc.plugins.module_utils.capi_client import C
 from ansible_collections.converged.hpc.plugins.module_utils.capi_hook import hook_task, set_hook
 
 API = "cluster.x-k8s.io/v1beta2"
-
-
-@pytest.fixture
-def world(backend):
-    """The backend, with a namespace of the test's own."""
-    backend.ns = backend.namespace()
-    return backend
 
 
 def a_machine(world, name):
