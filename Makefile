@@ -21,12 +21,12 @@ help:
 	@sed -n 's/^## //p' Makefile
 
 ## make lab        bring up the lab machines and run the main job end to end
-# (the lab's management cluster is real unless LAB_MANAGEMENT=sim: kube-assets builds its servers)
-lab: dev-collection $(if $(filter sim,$(LAB_MANAGEMENT)),$(if $(filter-out 0,$(LAB_KUBERNETES_GPU)),kube-assets),kube-assets)
+# (the lab's management cluster is real: kube-assets builds its servers)
+lab: dev-collection kube-assets
 	lab/lab.sh deps
 	lab/lab.sh up
 	lab/lab.sh directory
-	lab/lab.sh sim
+	lab/lab.sh mgmt
 	lab/lab.sh ping
 	lab/lab.sh converge
 	lab/lab.sh events
@@ -83,7 +83,7 @@ kube-assets:
 	@if [ "$$KUBEBUILDER_ASSETS" = "$(KUBE_ASSETS)" ]; then kube-assets/build.sh "$(KUBE_ASSETS)"; \
 	else echo "[kube-assets] KUBEBUILDER_ASSETS=$$KUBEBUILDER_ASSETS (given: nothing built)"; fi
 
-## make unit       unit and integration tests (pytest) against the simulator and the real servers
+## make unit       unit and integration tests (pytest), on the real servers (make kube-assets)
 ##                 make kube-assets builds (tests/kube: kube-apiserver, and the controllers' smoke test)
 unit: dev-collection kube-assets
 	$(PYTHON) -m pytest -q --durations=10 tests/unit tests/integration tests/kube

@@ -26,7 +26,7 @@ for flavour in $FLAVOURS; do
     echo "== 1 controller + $n compute, $flavour image"
     LAB_FLAVOUR=$flavour lab/lab.sh down >/dev/null
     LAB_FLAVOUR=$flavour LAB_COMPUTE=$n lab/lab.sh up | tail -n 1
-    LAB_FLAVOUR=$flavour LAB_COMPUTE=$n lab/lab.sh sim | tail -n 1
+    LAB_FLAVOUR=$flavour LAB_COMPUTE=$n lab/lab.sh mgmt | tail -n 1
     inv="$LAB_STATE/capi.capi_machines.yml"
     t0=$(now)
     ansible-playbook -i "$inv" playbooks/site.yml >"$LAB_STATE/logs/bench-first.log" 2>&1 \

@@ -1,7 +1,7 @@
 """Benchmark: the elastic lifecycle in a lab of its own (prebaked image).
 
 (a) scale-up latency per batch of 1, 5 and 10 new Machines: from every new Machine
-    being Provisioned in the simulator (a Slurm host never becomes Running) to
+    being Provisioned (a Slurm host never becomes Running: no Node) to
     every new node IDLE in Slurm (scale_up.yml, as AWX would run it);
 (b) scale-down overhead on idle nodes: from the deletionTimestamp (Machines held
     by our pre-terminate hook) to the hook released (scale_down.yml), and on to
@@ -18,11 +18,10 @@
     then scale_up.yml as the Machine event would run it (it finds nothing to converge). The lab's
     BareMetalHosts report more memory than the machines show, as real ones do (LAB_RAM_MIB).
 
-    python3 bench/elastic.py [--batches 1,5,10] [--events] [--burst 50] [--join-at-boot] [--management real,sim]
+    python3 bench/elastic.py [--batches 1,5,10] [--events] [--burst 50] [--join-at-boot]
 
---management: the management cluster(s) to measure on, one after the other in one run: real (kube-apiserver,
-Cluster API, CAPM3 and the Bare Metal Operator, the lab's default; the lab registers as many compute hosts
-as the largest scale needs) and/or sim (lab/capisim).
+On the real management cluster (kube-apiserver, Cluster API, CAPM3 and the Bare Metal Operator): the lab
+registers as many compute hosts as the largest scale needs.
 
 Anchors printed beside them: 38.74 s per node with a prebaked image and 267.59 s
 with a stock one, as measured in the thesis this project follows.
@@ -140,26 +139,21 @@ def main():
     ap.add_argument("--events", action="store_true", help="also measure the event path (c)")
     ap.add_argument("--burst", type=int, default=50, help="Machines at once for the event path's job count")
     ap.add_argument("--join-at-boot", action="store_true", help="also measure the join at first boot (d)")
-    ap.add_argument("--management", default="real", help="real, sim or both (real,sim): one run on each")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.join_at_boot:  # Metal3 reports the memory installed, more than the OS shows (docs/slurm.md)
         ENV["LAB_RAM_MIB"] = "1048576"
     ENV["LAB_COMPUTE_HOSTS"] = str(1 + max(sum(batches), args.burst if args.events else 0))
-    for management in args.management.split(","):
-        if management not in ("real", "sim"):
-            sys.exit("--management %r: real or sim" % management)
-        ENV["LAB_MANAGEMENT"] = management
-        run(args, batches)
+    run(args, batches)
 
 
 def run(args, batches):
-    print("elastic benchmark (%s management cluster): lab 'ebench', 1 controller + 1 compute to start, prebaked "
-          "image" % ENV["LAB_MANAGEMENT"], flush=True)
+    print("elastic benchmark (the real Cluster API, CAPM3 and Bare Metal Operator): lab 'ebench', 1 controller + "
+          "1 compute to start, prebaked image", flush=True)
     sh("lab/lab.sh", "down")
     sh("make", "-s", "dev-collection")
     sh("lab/lab.sh", "up")
-    sh("lab/lab.sh", "sim")
+    sh("lab/lab.sh", "mgmt")
     sh("lab/lab.sh", "converge")
     rows = []
     replicas = 1

@@ -146,7 +146,7 @@ class Fleet:
         print("== 1 controller + %d compute" % n, flush=True)
         t0 = time.time()
         self.lab.up(converge=False)
-        print("  machines booted and the simulator up in %.1f s" % (time.time() - t0), flush=True)
+        print("  machines booted and the management cluster up in %.1f s" % (time.time() - t0), flush=True)
 
         took = self.timed("first converge", "site.yml")[0]
         self.record("first converge", took, hosts)

@@ -1,9 +1,10 @@
 """Benchmark: converged.hpc.capi_machines for 100, 1,000 and 10,000 Machines.
 
-For each size a simulator in a process of its own (as a real API server is) serves that many
-Machines, each with its Metal3Machine and BareMetalHost, shaped like the objects recorded from a
-real kube-apiserver (tests/fixtures/capi-hpc.yaml), managedFields included. It prints, best of
---repeat, in seconds:
+For each size a real kube-apiserver (etcd and kube-apiserver from $KUBEBUILDER_ASSETS, make kube-assets;
+the CRDs of ../shared/k8s/crds, over TLS on loopback) holds that many Machines, each with its
+Metal3Machine and BareMetalHost, shaped like the objects recorded from a real kube-apiserver
+(tests/fixtures/capi-hpc.yaml), created then given their status by their controllers' field managers
+(managedFields as the server writes them). It prints, best of --repeat, in seconds:
 
   floor     GET every page of the three lists, one after another, and json.loads it: the
             floor the issue measures the plugin against
@@ -22,6 +23,7 @@ Usage: python3 bench/inventory.py [--sizes 100,1000,10000] [--page-size 500] [--
 """
 
 import argparse
+import concurrent.futures
 import copy
 import json
 import os
@@ -35,16 +37,16 @@ import urllib3
 import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "lab"))
+sys.path.insert(0, os.path.join(REPO, "tests"))
 LINK = os.path.join(REPO, ".lab", "collections", "ansible_collections", "converged", "hpc")
 if not os.path.exists(LINK):
     os.makedirs(os.path.dirname(LINK), exist_ok=True)
     os.symlink(REPO, LINK)
 os.environ.setdefault("ANSIBLE_COLLECTIONS_PATH", os.path.join(REPO, ".lab", "collections"))
 
-from capisim import Identity, Simulator, Store  # noqa: E402
+import kubeapi  # noqa: E402
 
-TOKEN = "bench-token"
+TOKEN = kubeapi.ADMIN_TOKEN
 
 
 def templates():
@@ -56,7 +58,7 @@ def templates():
     return pick["Machine"], pick["Metal3Machine"], pick["BareMetalHost"]
 
 
-def populate(store, n):
+def populate(server, n):
     machine, m3m, bmh = templates()
     docs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "scale"}}]
     for i in range(n):
@@ -79,8 +81,21 @@ def populate(store, n):
             else:
                 obj["status"]["hardware"]["nics"][0]["ip"] = ip
             docs.append(obj)
-    # loaded as a controller wrote them: with status and managedFields, as the real server returns them
-    store.load(docs, strict=True)
+    # written as their controllers write them: created, then their status, by each kind's field manager
+    server.api().namespace("scale")
+    local = __import__("threading").local()
+
+    def write(doc):
+        if not hasattr(local, "api"):
+            local.api = server.api()
+        obj = kubeapi.clean(doc)
+        status, manager = obj.pop("status", None), kubeapi.CONTROLLERS.get(obj["kind"])
+        created = local.api.create(obj, manager)
+        if status:
+            created["status"] = status
+            local.api.ok("PUT", local.api.obj_path(created, "status"), created, query={"fieldManager": manager})
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, docs[1:]))
 
 
 KINDS = ("/apis/cluster.x-k8s.io/v1beta2/machines",
@@ -88,19 +103,9 @@ KINDS = ("/apis/cluster.x-k8s.io/v1beta2/machines",
          "/apis/metal3.io/v1alpha1/baremetalhosts")
 
 
-def serve(n):
-    """The server process: n Machines (and their Metal3 objects) until stdin closes."""
-    store = Store()
-    populate(store, n)
-    sim = Simulator(store, {TOKEN: Identity("admin")}).start()
-    print(sim.url, flush=True)
-    sys.stdin.read()
-    sim.stop()
-
-
-def fetch_only(url, page_size, paths=KINDS):
+def fetch_only(url, ca_cert, page_size, paths=KINDS):
     """GET every page of each kind, one after another, and json-decode it, nothing else."""
-    pool = urllib3.PoolManager()
+    pool = urllib3.PoolManager(ca_certs=ca_cert)
     headers = {"Authorization": "Bearer " + TOKEN, "Accept": "application/json"}
     count = 0
     for path in paths:
@@ -142,10 +147,10 @@ def cli_list(source, plugin="converged.hpc.capi_machines"):
 
 PEER = """#!%s
 # a plain inventory script: Machines only, one unpaged GET, grouped by node-type, ansible_host
-import json, sys, urllib.request
+import json, ssl, sys, urllib.request
 req = urllib.request.Request("%s/apis/cluster.x-k8s.io/v1beta2/machines",
                              headers={"Authorization": "Bearer %s", "Accept": "application/json"})
-items = json.loads(urllib.request.urlopen(req).read())["items"]
+items = json.loads(urllib.request.urlopen(req, context=ssl.create_default_context(cafile=%r)).read())["items"]
 out = {"_meta": {"hostvars": {}}}
 for m in items:
     name, labels = m["metadata"]["name"], m["metadata"].get("labels") or {}
@@ -156,11 +161,11 @@ json.dump(out, sys.stdout)
 """
 
 
-def cli_peer(tmp, url):
+def cli_peer(tmp, url, ca_cert):
     """ansible-inventory --list of the plain script (seconds, bytes)."""
     script = os.path.join(tmp, "peer.py")
     with open(script, "w") as fh:
-        fh.write(PEER % (sys.executable, url, TOKEN))
+        fh.write(PEER % (sys.executable, url, TOKEN, ca_cert))
     os.chmod(script, 0o755)
     return cli_list(script, "ansible.builtin.script")
 
@@ -179,22 +184,26 @@ def main():
     ap.add_argument("--sizes", default="100,1000,10000")
     ap.add_argument("--page-size", type=int, default=500)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.serve is not None:
-        return serve(args.serve)
+    assets, missing = kubeapi.assets()
+    if missing:
+        sys.exit("bench/inventory.py needs the real kube-apiserver: %s (make kube-assets)" % missing)
     sizes = [int(s) for s in args.sizes.split(",")]
-    print("converged.hpc.capi_machines benchmark: simulator in its own process on loopback, page size %d, "
+    print("converged.hpc.capi_machines benchmark: a real kube-apiserver on loopback (TLS), page size %d, "
           "best of %d, %d cores" % (args.page_size, args.repeat, os.cpu_count()))
     cols = ("machines", "floor", "build", "ratio", "full", "cached", "m-floor", "peer", "m-build", "hosts")
     print("%8s" % cols[0] + "".join("%9s" % c for c in cols[1:]))
     for n in sizes:
-        server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", str(n)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        url = server.stdout.readline().strip()
         tmp = tempfile.mkdtemp(prefix="capi-bench-")
+        server = kubeapi.KubeApiServer(os.path.join(tmp, "apiserver"), assets_dir=assets, test_users=False)
         try:
-            config = {"plugin": "converged.hpc.capi_machines", "host": url, "api_key": TOKEN,
+            server.start()
+            t = time.perf_counter()
+            populate(server, n)
+            print("  (%d Machines, Metal3Machines and BareMetalHosts written in %.0f s)" % (n, time.perf_counter() - t),
+                  flush=True)
+            url, ca = server.url, server.ca_cert
+            config = {"plugin": "converged.hpc.capi_machines", "host": url, "api_key": TOKEN, "ca_cert": ca,
                       "page_size": args.page_size}
             sources = {}
             for name, extra in (("lean", {}), ("full", {"hostvars": "full"}), ("never", {"metal3": "never"}),
@@ -206,24 +215,23 @@ def main():
                     yaml.safe_dump(dict(config, **extra), fh)
             hosts = build(sources["cached"], cache=False)  # fills the cache (not timed)
             assert hosts == n, (hosts, n)
-            floor = best(lambda: fetch_only(url, args.page_size), args.repeat)
+            floor = best(lambda: fetch_only(url, ca, args.page_size), args.repeat)
             lean = best(lambda: build(sources["lean"], cache=False), args.repeat)
             full = best(lambda: build(sources["full"], cache=False), args.repeat)
             cached = best(lambda: build(sources["cached"], cache=True), args.repeat)
-            m_floor = best(lambda: fetch_only(url, args.page_size, KINDS[:1]), args.repeat)
-            peer = best(lambda: fetch_only(url, 0, KINDS[:1]), args.repeat)
+            m_floor = best(lambda: fetch_only(url, ca, args.page_size, KINDS[:1]), args.repeat)
+            peer = best(lambda: fetch_only(url, ca, 0, KINDS[:1]), args.repeat)
             m_build = best(lambda: build(sources["never"], cache=False), args.repeat)
             row = (floor, lean, lean / floor, full, cached, m_floor, peer, m_build)
             print("%8d" % n + "".join("%9.2f" % v for v in row) + "%9d" % hosts, flush=True)
             if n == sizes[-1]:
                 for name, what in (("lean", "lean hostvars"), ("full", "full hostvars"),
                                    ("never", "lean hostvars, metal3: never"), ("peer", "the plain script")):
-                    secs, size = cli_peer(tmp, url) if name == "peer" else cli_list(sources[name])
+                    secs, size = cli_peer(tmp, url, ca) if name == "peer" else cli_list(sources[name])
                     print("  ansible-inventory --list, %s: %.2f s, %.1f MB: %.0f us and %d bytes a host"
                           % (what, secs, size / 1e6, secs / n * 1e6, size // n), flush=True)
         finally:
-            server.stdin.close()
-            server.wait(timeout=60)
+            server.stop()
             shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

@@ -1,19 +1,18 @@
 """Benchmark: a GPU host moved between a Kubernetes workload cluster and Slurm (playbooks/move.yml), in a lab
 of its own: one GPU BareMetalHost in the pool, a Kubernetes worker at the start, a real kube-apiserver as the
 workload cluster's API (needs $KUBEBUILDER_ASSETS: make kube-assets). The lab runs on the real Cluster API,
-CAPM3 and Bare Metal Operator (--management real), on our simulator of them (sim), or on each in turn in
-one run (both, the default), each with its own table and medians.
+CAPM3 and Bare Metal Operator; Cluster API drains the worker's Node itself.
 
 Each round moves the host Kubernetes -> Slurm with a GPU job waiting (drained by Cluster API, deprovisioned,
 claimed by the Slurm gpu MachineDeployment, booted, joined to Slurm by scale_up.yml in the same run: timed until
 the job is RUNNING and until the run ends), then
 Slurm -> Kubernetes (drained through our hook by scale_down.yml, deprovisioned, claimed by the workers,
 booted, its Node registered). Printed per move: the run's wall time, and move.yml's own breakdown - planning,
-the source letting go, deprovisioning (the simulated Ironic cleaning: --deprovision-seconds), claim and boot
+the source letting go, deprovisioning (Ironic's cleaning, held --deprovision-seconds by the host agent), claim and boot
 - and the collection's part: the time to the job RUNNING (or to the end) less deprovisioning and the claim and
 boot (Metal3's and the machine's: a container here, Ironic's provisioning on real hardware).
 
-    python3 bench/move.py [--rounds 3] [--deprovision-seconds 5] [--management both|real|sim] [--keep]
+    python3 bench/move.py [--rounds 3] [--deprovision-seconds 5] [--keep]
 
 A GPU host joins Slurm through scale_up.yml: join at boot refuses node types that declare GRES (the
 controllers' gres.conf needs the node's line before it registers; docs/elastic.md).
@@ -38,8 +37,8 @@ LINE = re.compile(r"moved (\S+) from (\S+) to (\S+) in ([\d.]+) s: planned in ([
                   r"([\d.]+) s, deprovisioning ([\d.]+) s, claimed and booted in ([\d.]+) s")
 
 
-def env(deprovision, management):
-    return dict(os.environ, LAB_NAME=NAME, LAB_MANAGEMENT=management, LAB_SUBNET_PREFIX="10.89.84",
+def env(deprovision):
+    return dict(os.environ, LAB_NAME=NAME, LAB_SUBNET_PREFIX="10.89.84",
                 LAB_API_PORT="16484", LAB_STATE=".lab/mvbench",
                 LAB_FLAVOUR="prebaked", LAB_CONTROLLERS="1", LAB_COMPUTE="0", LAB_GPU="0", LAB_DIRECTORY="0",
                 LAB_BARE_METAL="1", LAB_BARE_METAL_GPU="1", LAB_KUBERNETES_GPU="1",
@@ -93,11 +92,11 @@ def move(environ, source, target, to_slurm):
 
 def bench(args, management):
     """The lab up on management, args.rounds moves each way; the rows."""
-    environ = env(args.deprovision_seconds, management)
+    environ = env(args.deprovision_seconds)
     run(environ, "lab/lab.sh", "down")
     t0 = time.monotonic()
     run(environ, "lab/lab.sh", "up")
-    run(environ, "lab/lab.sh", "sim")
+    run(environ, "lab/lab.sh", "mgmt")
     run(environ, "lab/lab.sh", "converge")
     print("%s: lab up and converged in %.1f s (1 GPU host, a Kubernetes worker; deprovisioning %.1f s)"
           % (management, time.monotonic() - t0, args.deprovision_seconds), flush=True)
@@ -137,15 +136,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deprovision-seconds", type=float, default=5)
-    ap.add_argument("--management", choices=("both", "real", "sim"), default="both")
     ap.add_argument("--keep", action="store_true", help="leave the (last) lab up")
     args = ap.parse_args()
     if not os.environ.get("KUBEBUILDER_ASSETS"):
         sys.exit("bench/move.py needs $KUBEBUILDER_ASSETS (make kube-assets) for the servers")
-    run(env(args.deprovision_seconds, "real"), "make", "-s", "dev-collection")
-    results = [(m, bench(args, m)) for m in (("real", "sim") if args.management == "both" else (args.management,))]
-    for management, rows in results:
-        report(management, rows)
+    run(env(args.deprovision_seconds), "make", "-s", "dev-collection")
+    report("real", bench(args, "real"))
 
 
 if __name__ == "__main__":

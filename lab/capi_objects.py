@@ -1,25 +1,22 @@
-"""Write the Cluster API + Metal3 objects that describe the lab's machines.
+"""Write what a site writes in its management cluster for the lab's machines, for the real Cluster API,
+CAPM3 and Bare Metal Operator (lab/mgmt.py applies it): nothing a controller would write.
 
-Input: the lab's machines.tsv (name, address, node type). Output: one YAML
-stream for capisim with, per node type, a MachineDeployment and MachineSet
-(template labels carry node-type), and per machine a Machine (phase
-Provisioned: a Slurm host never becomes a Kubernetes Node), its Metal3Machine
-and its BareMetalHost with the hardware the lab declares. A compute
-MachineDeployment is always there, at 0 replicas when the lab has no compute
-machine (the autoscaler grows it, docs/autoscale.md).
+Input: the lab's machines.tsv (name, address, node type[, spare]). Output: one YAML stream with the
+Cluster and Metal3Cluster, per node type a MachineDeployment (its template's labels carry node-type, its
+annotations our hook and a GPU's GRES) and a Metal3MachineTemplate selecting its pool's hosts, and per
+machine a registered host (a BareMetalHost and its BMC Secret, the hardware given by annotation). The
+controllers create the Machines, claim the hosts and provision them; lab/hostagent.py boots each one.
+A compute MachineDeployment is always there, at 0 replicas when the lab has no compute machine (the
+autoscaler grows it, docs/autoscale.md).
 
-    lab/capi_objects.py MACHINES_TSV OUT_YAML --cluster lab --cpus 2 --ram-mib 2000
+    lab/capi_objects.py MACHINES_TSV OUT_YAML --cluster lab --cpus 2 --ram-mib 2000 [--spares-out SPARES_YAML]
 
-With --pools highmem,... those node types' machines are in a MachinePool (<cluster>-<type>,
-its Machines labelled cluster.x-k8s.io/pool-name and owned by it) instead of a
-MachineDeployment, as with a provider that supports MachinePool Machines.
-
-With --bare-metal N the compute and GPU machines come from a pool of N BareMetalHosts, as with a
-real Metal3: the hosts are registered (available, with their hardware; <cluster>-bm-NN at
+With --bare-metal N the compute and GPU machines come from a pool of N hosts (<cluster>-bm-NN at
 <subnet>.101...), the first --bare-metal-gpu of them labelled gpu=true; the compute and gpu
-MachineDeployments name a Metal3MachineTemplate whose hostSelector takes hosts without, or with, that
-label, and start with --replicas compute=N,gpu=N and no Machine: the simulator's controller claims
-hosts for them and boots them (lab/capisim/metal3.py, lab/machines.py machine-boot).
+MachineDeployments' templates select by that label and by side (converged.hpc/pool), and start with
+--replicas compute=N,gpu=N: CAPM3 chooses among the hosts they match. --kubernetes-gpu K adds the
+Kubernetes workload cluster <cluster>-k8s on the same pool: its control plane Machine on a host of its own
+and a MachineDeployment of K GPU workers.
 
 With --clusters N > 1 the machines are dealt in turn into N Cluster API clusters
 named <cluster>-1 ... <cluster>-N (the first controller to the first cluster, the
@@ -73,33 +70,6 @@ def bare_metal_selector(cluster, node_type):
     return selector
 
 
-def bare_metal_objects(cluster, count, gpu, subnet, cpus, ram_mib, kubernetes_gpu=0):
-    """The pool: registered, inspected, available hosts, and a Metal3MachineTemplate per node type.
-    kubernetes_gpu: how many of the GPU hosts (the last ones) are given to the Kubernetes workers."""
-    docs = []
-    for index in range(1, count + 1):
-        name = "%s-bm-%02d" % (cluster, index)
-        address = "%s.%d" % (subnet, 100 + index)
-        # a GPU host starts on the gpu side (or the Kubernetes GPU workers'), the others on the compute side;
-        # its GPUs counted as GPU feature discovery labels them (the workload Node's nvidia.com/gpu)
-        side = cluster + ("-k8s-gpu" if gpu - kubernetes_gpu < index <= gpu else "-gpu")
-        labels = {"gpu": "true", "nvidia.com/gpu.count": "2", POOL_LABEL_KEY: side} if index <= gpu \
-            else {POOL_LABEL_KEY: cluster + "-compute"}
-        docs.append({
-            "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
-            "metadata": {"name": name, "namespace": NS, "labels": labels},
-            "spec": {"online": False, "bootMACAddress": mac(name), "automatedCleaningMode": "metadata"},
-            "status": {"provisioning": {"state": "available", "ID": name}, "operationalStatus": "OK",
-                       "poweredOn": False, "errorCount": 0, "errorMessage": "", "provisioningFailCount": 0,
-                       "hardware": {"cpu": {"arch": "x86_64", "count": cpus}, "ramMebibytes": ram_mib,
-                                    "hostname": name,
-                                    "nics": [{"name": "eth0", "ip": address, "mac": mac(name), "speedGbps": 10}]}}})
-    for node_type in sorted(BARE_METAL_SELECTORS):
-        docs.append(metal3_template("%s-%s" % (cluster, node_type), bare_metal_selector(cluster, node_type),
-                                    node_type))
-    return docs
-
-
 def metal3_template(name, selector, image):
     return {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3MachineTemplate",
             "metadata": {"name": name, "namespace": NS},
@@ -111,153 +81,12 @@ def metal3_template(name, selector, image):
 
 
 KUBERNETES_NODE_TYPE = "kubernetes"
-
-
-def kubernetes_objects(cluster, replicas):
-    """A Kubernetes workload cluster on the same pool (<cluster>-k8s): a MachineDeployment of GPU workers
-    (<cluster>-k8s-gpu, node type kubernetes) whose template claims the GPU hosts given to it. Its Machines
-    get a Node in the workload cluster's API (capisim --workload), not a place in Slurm."""
-    name, md = cluster + "-k8s", cluster + "-k8s-gpu"
-    selector = {"cluster.x-k8s.io/cluster-name": name, "cluster.x-k8s.io/deployment-name": md}
-    host_selector = {"matchLabels": {"gpu": "true", POOL_LABEL_KEY: md}}
-    return [
-        {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": {"name": name, "namespace": NS},
-         "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Cluster",
-                                        "name": name}},
-         "status": {"phase": "Provisioned"}},
-        {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
-         "metadata": {"name": md, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": name}},
-         "spec": {"clusterName": name, "replicas": replicas, "selector": {"matchLabels": selector},
-                  "template": {"metadata": {"labels": dict(selector, **{"node-type": KUBERNETES_NODE_TYPE})},
-                               "spec": {"clusterName": name, "version": "v1.33.4",
-                                        "bootstrap": {"dataSecretName": md},
-                                        "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                                              "kind": "Metal3MachineTemplate", "name": md}}}},
-         "status": {"replicas": 0}},
-        {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
-         "metadata": {"name": md + "-7f9c4", "namespace": NS, "labels": dict(selector),
-                      "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
-                                           "name": md, "uid": "", "controller": True}]},
-         "spec": {"clusterName": name, "replicas": replicas,
-                  "selector": {"matchLabels": dict(selector, **{"cluster.x-k8s.io/set-name": md + "-7f9c4"})}},
-         "status": {"replicas": 0}},
-        metal3_template(md, host_selector, "kubernetes-worker")]
-
-
-# node types that get a MachineDeployment even with no machine (LAB_COMPUTE=0): the
-# autoscaler grows the compute one from zero
+# node types with a MachineDeployment even when the lab has no machine of them: compute, at 0 replicas
+# when the lab has none (the autoscaler grows it, docs/autoscale.md)
 ALWAYS = ("compute",)
 
 
-def objects(machines, cluster, cpus, ram_mib, pools=(), replicas=None):
-    """replicas: {node type: count} of MachineDeployments whose hosts the bare-metal pool gives."""
-    replicas = replicas or {}
-    docs = [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-             "metadata": {"name": cluster, "namespace": NS},
-             "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                            "kind": "Metal3Cluster", "name": cluster}},
-             "status": {"phase": "Provisioned"}}]
-    types = sorted({m[2] for m in machines} | set(ALWAYS) | set(replicas))
-    for node_type in types:
-        if node_type in pools:
-            docs.extend(pool_objects(cluster, node_type, [m for m in machines if m[2] == node_type], cpus, ram_mib))
-            continue
-        md = "%s-%s" % (cluster, node_type)
-        ms = md + "-5d8c7"
-        selector = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md}
-        members = [m for m in machines if m[2] == node_type]
-        wanted = replicas.get(node_type, len(members))
-        template_labels = dict(selector, **{"node-type": node_type})
-        docs.append({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
-            "metadata": {"name": md, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
-            "spec": {"clusterName": cluster, "replicas": wanted, "selector": {"matchLabels": selector},
-                     "template": {"metadata": {"labels": template_labels,
-                                               "annotations": template_annotations(node_type)},
-                                  "spec": {"clusterName": cluster, "version": "v1.33.4",
-                                           "bootstrap": {"dataSecretName": md},
-                                           "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                                                 "kind": "Metal3MachineTemplate",
-                                                                 "name": md}}}},
-            "status": {"replicas": len(members), "readyReplicas": len(members)}})
-        docs.append({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
-            "metadata": {"name": ms, "namespace": NS, "labels": dict(selector),
-                         "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
-                                              "name": md, "uid": "", "controller": True}]},
-            "spec": {"clusterName": cluster, "replicas": len(members),
-                     "selector": {"matchLabels": dict(selector, **{"cluster.x-k8s.io/set-name": ms})}},
-            "status": {"replicas": len(members)}})
-        for name, address, dummy in members:
-            docs.extend(machine_objects(cluster, md, ms, node_type, name, address, cpus, ram_mib))
-    return docs
-
-
-POOL_LABEL = "cluster.x-k8s.io/pool-name"
-
-
-def pool_objects(cluster, node_type, members, cpus, ram_mib):
-    """A MachinePool and its Machines (MachinePool Machines: labelled and owned by the pool)."""
-    mp = "%s-%s" % (cluster, node_type)
-    docs = [{
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
-        "metadata": {"name": mp, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
-        "spec": {"clusterName": cluster, "replicas": len(members),
-                 "template": {"metadata": {"labels": {"node-type": node_type},
-                                           "annotations": template_annotations(node_type)},
-                              "spec": {"clusterName": cluster, "version": "v1.33.4",
-                                       "bootstrap": {"dataSecretName": mp},
-                                       "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                                             "kind": "Metal3Machine", "name": mp}}}},
-        "status": {"replicas": len(members), "readyReplicas": len(members)}}]
-    for name, address, dummy in members:
-        docs.extend(machine_objects(cluster, mp, None, node_type, name, address, cpus, ram_mib, pool=True))
-    return docs
-
-
-def machine_objects(cluster, md, ms, node_type, name, address, cpus, ram_mib, pool=False):
-    machine = name  # lab machines keep their container name as Machine and host name
-    if pool:  # md is the MachinePool
-        labels = {"cluster.x-k8s.io/cluster-name": cluster, POOL_LABEL: md, "node-type": node_type}
-        owner = {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool", "name": md, "uid": "",
-                 "controller": True}
-    else:
-        labels = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": md,
-                  "cluster.x-k8s.io/set-name": ms, "node-type": node_type}
-        owner = {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet", "name": ms, "uid": "",
-                 "controller": True}
-    provider_id = "metal3://%s/%s/%s" % (NS, name, machine)
-    # born without our hook (as Machines made before the template carried it): site.yml puts it
-    annotations = {GRES: GPU_GRES} if node_type == "gpu" else {}
-    ram_mib = ram_of(node_type, ram_mib)
-    return [
-        {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-         "metadata": {"name": machine, "namespace": NS, "labels": labels, "annotations": annotations,
-                      "finalizers": ["machine.cluster.x-k8s.io"], "ownerReferences": [owner]},
-         "spec": {"clusterName": cluster, "version": "v1.33.4", "providerID": provider_id,
-                  "bootstrap": {"dataSecretName": machine},
-                  "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Machine",
-                                        "name": machine}},
-         "status": {"phase": "Provisioned",
-                    "addresses": [{"type": "InternalIP", "address": address},
-                                  {"type": "Hostname", "address": name}]}},
-        {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3Machine",
-         "metadata": {"name": machine, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": cluster},
-                      "annotations": {"metal3.io/BareMetalHost": "%s/%s" % (NS, name)}},
-         "spec": {"providerID": provider_id},
-         "status": {"addresses": [{"type": "InternalIP", "address": address},
-                                  {"type": "Hostname", "address": name}]}},
-        {"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
-         "metadata": {"name": name, "namespace": NS, "labels": {"node-type": node_type}},
-         "spec": {"online": True, "bootMACAddress": mac(name)},
-         "status": {"provisioning": {"state": "provisioned"}, "operationalStatus": "OK",
-                    "hardware": {"cpu": {"arch": "x86_64", "count": cpus}, "ramMebibytes": ram_mib,
-                                 "hostname": name,
-                                 "nics": [{"name": "eth0", "ip": address, "mac": mac(name), "speedGbps": 10}]}}},
-    ]
-
-
-# ---- the objects a site writes for real controllers (--real): nothing a controller would write
+# ---- the objects a site writes for the controllers: nothing a controller would write
 IMAGES = "http://images.lab.invalid"
 INSPECT = "inspect.metal3.io"
 HARDWARE_DETAILS = "inspect.metal3.io/hardwaredetails"
@@ -390,7 +219,7 @@ def write_stream(path, docs):
 
 
 def real_main(args, machines):
-    """--real: what a site writes for the real controllers. The hosts of machines.tsv's 4th column
+    """What a site writes for the controllers. The hosts of machines.tsv's 4th column
     'spare' are registered later (--spares-out): the first Machines claim exactly the lab's first
     machines, and scale-ups find hosts to claim."""
     clusters = [args.cluster] if args.clusters == 1 else ["%s-%d" % (args.cluster, i + 1)
@@ -436,7 +265,6 @@ def main():
     ap.add_argument("--clusters", type=int, default=1, help="deal the machines into this many clusters")
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--ram-mib", type=int, default=2000)
-    ap.add_argument("--pools", default="", help="node types (comma separated) whose machines are in a MachinePool")
     ap.add_argument("--bare-metal", type=int, default=0, help="register this many BareMetalHosts (a pool)")
     ap.add_argument("--bare-metal-gpu", type=int, default=0, help="how many of them are labelled gpu=true")
     ap.add_argument("--subnet", default="10.89.50", help="the lab network's first three octets")
@@ -446,49 +274,12 @@ def main():
     ap.add_argument("--munge-key-file", help="also serve this munge key as Secret metal3/munge-key")
     ap.add_argument("--slurmdbd-password-file",
                     help="also serve this password as Secret metal3/slurmdbd (key password)")
-    ap.add_argument("--real", action="store_true",
-                    help="only what a site writes for the real Cluster API, CAPM3 and Bare Metal Operator")
-    ap.add_argument("--spares-out", help="--real: the spare hosts (machines.tsv's 'spare' lines) go here")
-    ap.add_argument("--api-port", type=int, default=16443, help="--real: the management cluster's port")
+    ap.add_argument("--spares-out", help="the spare hosts (machines.tsv's 'spare' lines) go here")
+    ap.add_argument("--api-port", type=int, default=16443, help="the management cluster's port")
     args = ap.parse_args()
     with open(args.machines) as fh:
         machines = [tuple(line.split()) for line in fh if line.strip()]
-    if args.real:
-        real_main(args, machines)
-        return
-    if args.clusters == 1:
-        replicas = {}
-        if args.bare_metal:
-            replicas = {t: 0 for t in BARE_METAL_SELECTORS}
-            replicas.update({k: int(v) for k, v in (p.split("=") for p in args.replicas.split(",") if p)})
-        docs = objects(machines, args.cluster, args.cpus, args.ram_mib, [p for p in args.pools.split(",") if p],
-                       replicas)
-        if args.bare_metal:
-            docs.extend(bare_metal_objects(args.cluster, args.bare_metal, args.bare_metal_gpu, args.subnet,
-                                           args.cpus, args.ram_mib, args.kubernetes_gpu))
-            if args.kubernetes_gpu:
-                docs.extend(kubernetes_objects(args.cluster, args.kubernetes_gpu))
-    else:
-        docs = []
-        for index in range(args.clusters):
-            share = []
-            for node_type in sorted({m[2] for m in machines}):
-                of_type = [m for m in machines if m[2] == node_type]
-                share.extend(of_type[index::args.clusters])
-            docs.extend(objects(share, "%s-%d" % (args.cluster, index + 1), args.cpus, args.ram_mib))
-    if args.munge_key_file:
-        with open(args.munge_key_file, "rb") as fh:
-            docs.insert(0, {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                            "metadata": {"name": "munge-key", "namespace": NS},
-                            "data": {"munge.key": base64.b64encode(fh.read()).decode()}})
-    if args.slurmdbd_password_file:
-        with open(args.slurmdbd_password_file, "rb") as fh:
-            docs.insert(0, {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                            "metadata": {"name": "slurmdbd", "namespace": NS},
-                            "data": {"password": base64.b64encode(fh.read().strip()).decode()}})
-    with open(args.out, "w") as fh:
-        os.chmod(args.out, 0o600)
-        yaml.safe_dump_all(docs, fh, sort_keys=False)
+    real_main(args, machines)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 #   lab/lab.sh image [FLAVOUR]   build the stock or prebaked machine image (cached)
 #   lab/lab.sh up                boot the machines of lab.conf (reuses running ones)
 #   lab/lab.sh directory         the LDAP directory (slapd, TLS, test users) and their homes
-#   lab/lab.sh sim               start the management cluster simulator for the machines
+#   lab/lab.sh mgmt              the management cluster (kube-apiserver, Cluster API, CAPM3, BMO) if it is not running
 #   lab/lab.sh ping              ansible ping of every machine over SSH
 #   lab/lab.sh converge          the main job: site.yml through the CAPI inventory, validate.yml
 #   lab/lab.sh events            the event path: ansible-rulebook runs reconcile.yml on Machine events
@@ -111,17 +111,12 @@ validate_conf() {
     || die "LAB_DEPROVISION_SECONDS='$LAB_DEPROVISION_SECONDS' must be a number of seconds"
   [[ "$LAB_PROVISION_SECONDS" =~ ^[0-9]+(\.[0-9]+)?$ ]] \
     || die "LAB_PROVISION_SECONDS='$LAB_PROVISION_SECONDS' must be a number of seconds"
-  [[ "$LAB_MANAGEMENT" == real || "$LAB_MANAGEMENT" == sim ]] \
-    || die "LAB_MANAGEMENT='$LAB_MANAGEMENT' is not real or sim"
   [[ -z "$LAB_COMPUTE_HOSTS" || ( "$LAB_COMPUTE_HOSTS" =~ ^[0-9]+$ && "$LAB_COMPUTE_HOSTS" -ge "$LAB_COMPUTE" \
      && "$LAB_COMPUTE_HOSTS" -le 179 ) ]] \
     || die "LAB_COMPUTE_HOSTS='$LAB_COMPUTE_HOSTS' must be an integer from LAB_COMPUTE ($LAB_COMPUTE) to 179"
   [[ "$LAB_SPARE_HOSTS" =~ ^[0-9]$ ]] || die "LAB_SPARE_HOSTS='$LAB_SPARE_HOSTS' must be an integer 0-9"
-  if [[ "$LAB_MANAGEMENT" == real ]]; then
-    [[ -z "$LAB_POOLS" ]] || die "LAB_POOLS='$LAB_POOLS': CAPM3 has no MachinePool machines; MachinePools run on the simulator (LAB_MANAGEMENT=sim)"
-    (( LAB_BARE_METAL == 0 || LAB_CLUSTERS == 1 )) \
-      || die "LAB_BARE_METAL=$LAB_BARE_METAL: the bare-metal pool serves one cluster (LAB_CLUSTERS=$LAB_CLUSTERS)"
-  fi
+  (( LAB_BARE_METAL == 0 || LAB_CLUSTERS == 1 )) \
+    || die "LAB_BARE_METAL=$LAB_BARE_METAL: the bare-metal pool serves one cluster (LAB_CLUSTERS=$LAB_CLUSTERS)"
   if (( LAB_BARE_METAL > 0 )); then
     (( LAB_COMPUTE <= LAB_BARE_METAL - LAB_BARE_METAL_GPU )) || die "LAB_COMPUTE=$LAB_COMPUTE compute machines" \
       "need as many hosts without a GPU in the pool: LAB_BARE_METAL=$LAB_BARE_METAL has $((LAB_BARE_METAL - LAB_BARE_METAL_GPU))"
@@ -129,8 +124,6 @@ validate_conf() {
       "LAB_KUBERNETES_GPU=$LAB_KUBERNETES_GPU Kubernetes GPU workers need as many GPU hosts in the pool:" \
       "LAB_BARE_METAL_GPU=$LAB_BARE_METAL_GPU"
   fi
-  [[ -z "$LAB_POOLS" || "$LAB_POOLS" =~ ^[a-z][a-z0-9-]*(,[a-z][a-z0-9-]*)*$ ]] \
-    || die "LAB_POOLS='$LAB_POOLS' must be node types separated by commas (e.g. highmem)"
   [[ "$LAB_HIGHMEM" =~ ^[0-9]+$ && "$LAB_HIGHMEM" -le 22 ]] || die "LAB_HIGHMEM='$LAB_HIGHMEM' must be an integer 0-22"
   [[ "$LAB_SUBNET_PREFIX" =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] \
     || die "LAB_SUBNET_PREFIX='$LAB_SUBNET_PREFIX' must look like 10.89.50"
@@ -164,7 +157,7 @@ cmd_deps() {
       openssh-client util-linux procps git openssl openjdk-17-jre-headless >/dev/null
   fi
   # The Python side (ansible-playbook, the kubernetes client the inventory plugin and
-  # the simulator's tools use, ansible-rulebook for the event path): requirements.txt,
+  # the lab's tools use, ansible-rulebook for the event path): requirements.txt,
   # installed when any of it is missing.
   if ! command -v ansible-playbook >/dev/null || ! command -v ansible-rulebook >/dev/null \
       || ! python3 -c 'import ansible, kubernetes, yaml, netaddr, jinja2' 2>/dev/null; then
@@ -332,7 +325,7 @@ directory_machine() {
 
 # name ip node-type of the bare-metal pool's hosts the real controllers claimed (booted by the host agent)
 pool_machines() {
-  [[ "$LAB_MANAGEMENT" == real ]] && (( LAB_BARE_METAL > 0 )) || return 0
+  (( LAB_BARE_METAL > 0 )) || return 0
   python3 "$LAB_DIR/mgmt.py" claimed "$STATE/capi/kubeconfig" --prefix "$LAB_NAME-bm-"
 }
 
@@ -420,7 +413,7 @@ ensure_network() {
   fi
 }
 
-# Machines are booted, checked and removed by lab/machines.py (also the simulator's
+# Machines are booted, checked and removed by lab/machines.py (also the host agent's
 # provisioner): start NAME IP TYPE, ready NAME IP.
 machines() { LAB_NAME="$LAB_NAME" LAB_SUITE="$LAB_SUITE" LAB_FLAVOUR="$LAB_FLAVOUR" LAB_SUBNET_PREFIX="$LAB_SUBNET_PREFIX" \
   LAB_STATE="$LAB_STATE" LAB_CPUS="$LAB_CPUS" LAB_RAM_MIB="$LAB_RAM_MIB" python3 "$LAB_DIR/machines.py" "$@"; }
@@ -428,7 +421,7 @@ machines() { LAB_NAME="$LAB_NAME" LAB_SUITE="$LAB_SUITE" LAB_FLAVOUR="$LAB_FLAVO
 write_state() {
   local machines="$STATE/machines.tsv"
   wanted_machines >"$machines"
-  # A static inventory of the lab (the CAPI inventory replaces it once the simulator runs).
+  # A static inventory of the lab (the CAPI inventory replaces it once the management cluster runs).
   {
     echo "# Written by lab/lab.sh: the lab's machines over SSH. Do not edit."
     echo "all:"
@@ -482,7 +475,6 @@ raise_host_limits() {
   done
 }
 
-all_machines() { wanted_machines; directory_machine; }
 
 cmd_up() {
   validate_conf
@@ -499,16 +491,12 @@ cmd_up() {
       podman rm -f "$name" >/dev/null; say "$name removed (not in the lab's size any more)"
     fi
   done
-  # With the real management cluster the Cluster API machines are booted by the host agent, once
-  # the controllers have claimed and provisioned their hosts (mgmt_start); the directory is not one.
-  local booted_here=all_machines
-  [[ "$LAB_MANAGEMENT" == real ]] && booted_here=directory_machine
+  # The Cluster API machines are booted by the host agent, once the controllers have claimed and
+  # provisioned their hosts (mgmt_start); the directory is not one.
   while read -r name ip type; do machines start "$name" "$ip" "$type" </dev/null || die "booting $name failed"
-  done < <($booted_here)
-  if [[ "$LAB_MANAGEMENT" == real ]]; then
-    write_state
-    mgmt_start
-  fi
+  done < <(directory_machine)
+  write_state
+  mgmt_start
   say "waiting until every machine has booted and answers SSH"
   local ready=0 expected
   expected=$( { wanted_machines; directory_machine; pool_machines; } | wc -l)
@@ -519,50 +507,15 @@ cmd_up() {
   say "$expected machines up and reachable over SSH in $(elapsed "$t_boot") s (inventory: $LAB_STATE/hosts.yml)"
 }
 
-# The lab's management cluster: capisim serving Cluster API + Metal3 objects for
-# the lab's machines, a kubeconfig for it, and the CAPI inventory source.
-cmd_sim() {
+# The lab's management cluster (mgmt_start: started by 'up', again here when it is not running), the
+# lab's kubeconfig for it, and the CAPI inventory source.
+cmd_mgmt() {
   validate_conf
   [[ -f "$STATE/machines.tsv" ]] || die "no lab machines: run 'make lab' first"
-  local dir="$STATE/capi"
   # The cluster's munge key and the accounting database's password live in the management cluster.
   lab_secrets
-  if [[ "$LAB_MANAGEMENT" == real ]]; then
-    mgmt_running || mgmt_start
-    write_lab_files
-    return
-  fi
-  (umask 077; python3 "$LAB_DIR/capi_objects.py" "$STATE/machines.tsv" "$dir/objects.yaml" \
-    --cluster "$LAB_NAME" --clusters "$LAB_CLUSTERS" --cpus "$LAB_CPUS" --ram-mib "$LAB_RAM_MIB" --pools "$LAB_POOLS" \
-    --munge-key-file "$dir/munge.key" --slurmdbd-password-file "$dir/slurmdbd.pw" \
-    --bare-metal "$LAB_BARE_METAL" --bare-metal-gpu "$LAB_BARE_METAL_GPU" --subnet "$LAB_SUBNET_PREFIX" \
-    --replicas "compute=$LAB_COMPUTE,gpu=$LAB_GPU" --kubernetes-gpu "$LAB_KUBERNETES_GPU")
-  cmd_sim_stop quiet
-  local workload=()
-  if (( LAB_KUBERNETES_GPU > 0 )); then
-    start_workload_api
-    workload=(--workload "$LAB_NAME-k8s=$(cat "$dir/workload/url"),$dir/workload/token,$dir/workload/ca.crt")
-  fi
-  # The simulator's CAPI controller boots and removes lab machines with lab/machines.py.
-  export_machine_settings
-  PYTHONPATH="$LAB_DIR" nohup python3 -m capisim --bind 127.0.0.1 --port "$API_PORT" \
-    --objects "$dir/objects.yaml" --token-file "$dir/token" --pid-file "$dir/sim.pid" \
-    --capi-controller "python3 $LAB_DIR/machines.py" --deprovision-seconds "$LAB_DEPROVISION_SECONDS" \
-    "${workload[@]}" >"$STATE/logs/capisim.log" 2>&1 &
-  local deadline=$(( $(date +%s) + 15 ))
-  until python3 - "$API_PORT" "$dir/token" <<'PY' 2>/dev/null
-import sys, urllib.request
-req = urllib.request.Request("http://127.0.0.1:%s/apis/cluster.x-k8s.io" % sys.argv[1],
-                             headers={"Authorization": "Bearer " + open(sys.argv[2]).read().strip()})
-urllib.request.urlopen(req, timeout=1)
-PY
-  do
-    (( $(date +%s) < deadline )) || die_with_log "starting capisim" "$STATE/logs/capisim.log"
-    sleep 0.2
-  done
-  write_kubeconfig "http://127.0.0.1:$API_PORT"
+  mgmt_running || mgmt_start
   write_lab_files
-  (( LAB_BARE_METAL == 0 )) || wait_bare_metal
 }
 
 # The lab's kubeconfig for its management cluster (the admin token): write_kubeconfig URL [CA_FILE]
@@ -602,7 +555,7 @@ clusters: [$(lab_clusters | paste -sd, - | sed 's/,/, /g')]
 EOF
   # Cluster API names a MachineDeployment's Machines <deployment>-<hash>-<random>: the hosts are named as
   # their hardware (and Slurm) knows them
-  [[ "$LAB_MANAGEMENT" != real ]] || echo "host_naming: hostname" >>"$STATE/capi.capi_machines.yml"
+  echo "host_naming: hostname" >>"$STATE/capi.capi_machines.yml"
   # The roles' lab settings are a checked-in file (lab/group_vars.yml); only the
   # facts of this running lab are written here.
   [[ -f "$LAB_DIR/group_vars.yml" ]] || die "the lab's role settings $LAB_DIR/group_vars.yml are missing"
@@ -626,38 +579,7 @@ EOF
       "slurm_controller_state_save_location: /srv/shared/slurm-state" \
       "slurm_controller_slurmctld_timeout: 10" >"$STATE/group_vars/all/ha.yml"
   fi
-  if [[ "$LAB_MANAGEMENT" == real ]]; then
-    say "management cluster (real controllers) on $(cat "$dir/mgmt/url"); inventory: $LAB_STATE/capi.capi_machines.yml"
-  else
-    say "management cluster simulator on http://127.0.0.1:$API_PORT ($(grep -c '^kind: Machine$' \
-      "$dir/objects.yaml") Machines); inventory: $LAB_STATE/capi.capi_machines.yml"
-  fi
-}
-
-# With a bare-metal pool: the compute and GPU MachineDeployments' Machines claim their hosts and
-# boot them; wait until every one is Provisioned.
-wait_bare_metal() {
-  local t0; t0=$(date +%s%N)
-  say "claiming $((LAB_COMPUTE + LAB_GPU + LAB_KUBERNETES_GPU)) of the $LAB_BARE_METAL bare-metal hosts and booting them"
-  python3 - "$API_PORT" "$STATE/capi/token" "$LAB_NAME" "$((LAB_COMPUTE + LAB_GPU + LAB_KUBERNETES_GPU))" <<'PY' \
-    || die_with_log "booting the bare-metal pool's hosts" "$STATE/logs/capisim.log"
-import json, sys, time, urllib.request
-port, token, cluster, want = sys.argv[1], open(sys.argv[2]).read().strip(), sys.argv[3], int(sys.argv[4])
-url = "http://127.0.0.1:%s/apis/cluster.x-k8s.io/v1beta2/namespaces/metal3/machines" % port
-deadline = time.time() + 300
-while True:
-    req = urllib.request.Request(url, headers={"Authorization": "Bearer " + token})
-    items = json.load(urllib.request.urlopen(req, timeout=5))["items"]
-    pool = [m for m in items if m["metadata"]["labels"].get("cluster.x-k8s.io/deployment-name")
-            in ("%s-compute" % cluster, "%s-gpu" % cluster, "%s-k8s-gpu" % cluster)]
-    done = [m for m in pool if (m.get("status") or {}).get("phase") in ("Provisioned", "Running")]
-    if len(done) >= want:
-        sys.exit(0)
-    if time.time() > deadline:
-        sys.exit("only %d of %d Machines Provisioned after 300 s" % (len(done), want))
-    time.sleep(1)
-PY
-  say "$((LAB_COMPUTE + LAB_GPU + LAB_KUBERNETES_GPU)) bare-metal hosts claimed and booted in $(elapsed "$t0") s"
+  say "management cluster (real controllers) on $(cat "$dir/mgmt/url"); inventory: $LAB_STATE/capi.capi_machines.yml"
 }
 
 # The Kubernetes workload cluster's API (LAB_KUBERNETES_GPU): a real kube-apiserver and etcd from
@@ -689,7 +611,7 @@ lab_secrets() {
   [[ -f "$dir/slurmdbd.pw" ]] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$dir/slurmdbd.pw")
 }
 
-# The environment lab/machines.py reads, for what starts it in the background (simulator, host agent).
+# The environment lab/machines.py reads, for what starts it in the background (the host agent).
 export_machine_settings() {
   export LAB_NAME LAB_SUITE LAB_FLAVOUR LAB_CONTROLLERS LAB_COMPUTE LAB_LOGIN LAB_GPU LAB_HIGHMEM LAB_SUBNET_PREFIX \
     LAB_CPUS LAB_RAM_MIB LAB_STATE LAB_MUNGE_KEY_SOURCE LAB_CLUSTERS LAB_HA LAB_API_PORT="$API_PORT"
@@ -699,8 +621,8 @@ mgmt_running() {
   [[ -f "$STATE/capi/mgmt.pid" && -s "$STATE/capi/mgmt/url" ]] && kill -0 "$(cat "$STATE/capi/mgmt.pid")" 2>/dev/null
 }
 
-# The real management cluster (LAB_MANAGEMENT=real): lab/mgmt.py starts kube-apiserver, etcd and the
-# three controller managers on loopback and writes what a site writes (lab/capi_objects.py --real); the
+# The management cluster: lab/mgmt.py starts kube-apiserver, etcd and the
+# three controller managers on loopback and writes what a site writes (lab/capi_objects.py); the
 # host agent (lab/hostagent.py) then boots each host the controllers provision. Returns when every
 # Machine the MachineDeployments want is Provisioned; the spare compute hosts are registered after.
 mgmt_start() {
@@ -709,11 +631,11 @@ mgmt_start() {
   local bin
   for bin in kube-apiserver etcd cluster-api-manager capm3-manager baremetal-operator; do
     [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/$bin" ]] \
-      || die "the real management cluster needs $bin in \$KUBEBUILDER_ASSETS ('${KUBEBUILDER_ASSETS:-}'): run 'make kube-assets' (or LAB_MANAGEMENT=sim)"
+      || die "the real management cluster needs $bin in \$KUBEBUILDER_ASSETS ('${KUBEBUILDER_ASSETS:-}'): run 'make kube-assets'"
   done
   lab_secrets
   real_hosts >"$dir/hosts.tsv"
-  (umask 077; python3 "$LAB_DIR/capi_objects.py" "$dir/hosts.tsv" "$dir/objects.yaml" --real \
+  (umask 077; python3 "$LAB_DIR/capi_objects.py" "$dir/hosts.tsv" "$dir/objects.yaml" \
     --spares-out "$dir/spares.yaml" --cluster "$LAB_NAME" --clusters "$LAB_CLUSTERS" --cpus "$LAB_CPUS" \
     --ram-mib "$LAB_RAM_MIB" --api-port "$API_PORT" --munge-key-file "$dir/munge.key" \
     --slurmdbd-password-file "$dir/slurmdbd.pw" --bare-metal "$LAB_BARE_METAL" \
@@ -795,12 +717,6 @@ stop_pidfile() {
 
 workload_api_stop() {
   stop_pidfile "$STATE/capi/workload.pid" || true
-}
-
-cmd_sim_stop() {
-  if stop_pidfile "$STATE/capi/sim.pid"; then
-    [[ "${1:-}" == quiet ]] || say "stopped the management cluster simulator"
-  fi
 }
 
 # The event path (docs/events.md): ansible-rulebook with the collection's rulebook,
@@ -944,7 +860,6 @@ cmd_down() {
   cmd_events_stop
   agent_stop
   mgmt_stop
-  cmd_sim_stop
   workload_api_stop
   local names attempt
   # podman can stop a container and then fail to remove it while other labs start and stop
@@ -985,7 +900,7 @@ case "${1:-}" in
   image) shift; cmd_image "$@" ;;
   up) cmd_up ;;
   directory) cmd_directory ;;
-  sim) cmd_sim ;;
+  mgmt) cmd_mgmt ;;
   converge) cmd_converge ;;
   events) cmd_events ;;
   events-stop) cmd_events_stop ;;

@@ -2,8 +2,8 @@
 13 with Slurm 24.11, or bookworm, Debian 12 with Slurm 22.05).
 
 One place that boots, checks and removes them, used by lab/lab.sh (`up`) and by the
-simulator's Cluster API controller (its provisioner), so adding a machine goes one
-way: lab.sh -> capisim -> this module -> podman.
+host agent (lab/hostagent.py: a host the Bare Metal Operator provisions is booted), so adding a
+machine goes one way: lab.sh or the host agent -> this module -> podman.
 
     python3 lab/machines.py start NAME IP NODE_TYPE   boot (or reuse) one machine
     python3 lab/machines.py ready NAME IP             wait until sshd answers and systemd has booted

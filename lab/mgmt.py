@@ -4,7 +4,7 @@ Bare Metal Operator (test mode: no Ironic) from $KUBEBUILDER_ASSETS (make kube-a
     python3 lab/mgmt.py serve DIR --port PORT --token-file FILE [--objects FILE]... [--logs DIR]
             [--workload CLUSTER=KUBECONFIG]...
         start them (state in DIR), install the controllers' CRDs, write the objects a site writes (a
-        YAML stream: lab/capi_objects.py --real), a `<cluster>-kubeconfig` Secret for each Cluster (the
+        YAML stream: lab/capi_objects.py), a `<cluster>-kubeconfig` Secret for each Cluster (the
         controllers reach the cluster's API through it: a Kubernetes cluster's own (--workload), else the
         management cluster's), then DIR/url
         (its presence says all is ready) and DIR/ca.crt; run until SIGTERM, then stop them all

@@ -2,10 +2,9 @@
 like `kubectl scale`, then run the playbook AWX would run for the event, and report the
 timings.
 
-    lab/scale.py REPLICAS [--state .lab] [--cluster clab] [--node-type compute] [--pool] [--no-playbook]
+    lab/scale.py REPLICAS [--state .lab] [--cluster clab] [--node-type compute] [--no-playbook]
                        [--wait-idle]
 
---pool scales the node type's MachinePool (LAB_POOLS) instead of its MachineDeployment.
 
 Up:   set replicas; wait until every new Machine is Provisioned; run scale_up.yml.
 Down: set replicas; wait until the Machines Cluster API picked are Deleting and
@@ -100,7 +99,6 @@ def main():
     ap.add_argument("--state", default=os.path.join(repo, os.environ.get("LAB_STATE", ".lab")))
     ap.add_argument("--cluster", default=os.environ.get("LAB_NAME", "clab"))
     ap.add_argument("--node-type", default="compute", help="the node type whose MachineDeployment to scale")
-    ap.add_argument("--pool", action="store_true", help="scale the node type's MachinePool")
     ap.add_argument("--no-playbook", action="store_true", help="only scale; do not run the playbook")
     ap.add_argument("--wait-idle", action="store_true",
                     help="run no playbook; wait until every new node is IDLE in Slurm (it joins at boot)")
@@ -111,14 +109,14 @@ def main():
         sys.exit("replicas=%d: must be 0 or more" % args.replicas)
     api = config.new_client_from_config(os.path.join(args.state, "capi", "kubeconfig"))
     co = client.CustomObjectsApi(api)
-    plural = "machinepools" if args.pool else "machinedeployments"
+    plural = "machinedeployments"
     md = "%s-%s" % (args.cluster, args.node_type)
     t0 = time.time()
     before = machines(co, md, plural)
     live = {n for n, m in before.items() if not m["metadata"].get("deletionTimestamp")}
     # (a Scale omits spec.replicas when it is 0)
     current = (co.get_namespaced_custom_object_scale(G, V, NS, plural, md).get("spec") or {}).get("replicas", 0)
-    kind = "MachinePool" if args.pool else "MachineDeployment"
+    kind = "MachineDeployment"
     log(t0, "%s %s/%s: %d -> %d replicas" % (kind, NS, md, current, args.replicas))
     co.patch_namespaced_custom_object_scale(G, V, NS, plural, md,
                                             {"spec": {"replicas": args.replicas}})

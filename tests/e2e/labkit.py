@@ -58,12 +58,12 @@ class Lab:
         return ".".join(out.split()[-1].split(".")[:2])
 
     def up(self, converge=True):
-        """A fresh lab: machines, the simulator, then (converge) site.yml and validate.yml, the main job."""
+        """A fresh lab: machines, the management cluster, then (converge) site.yml and validate.yml, the main job."""
         self.sh("lab/lab.sh", "down")
         self.sh("make", "-s", "dev-collection")
         self.sh("lab/lab.sh", "up")
         self.sh("lab/lab.sh", "directory")
-        self.sh("lab/lab.sh", "sim")
+        self.sh("lab/lab.sh", "mgmt")
         if converge:
             self.sh("lab/lab.sh", "converge")
 
@@ -79,6 +79,30 @@ class Lab:
         if limit:
             args += ["--limit", limit]
         return self.sh(*args, check=False)
+
+    def playbook_in_background(self, name, log, *extra_vars):
+        """ansible-playbook playbooks/name started in its own process group, its output going to the file log:
+        finish_playbook waits for it."""
+        args = ["ansible-playbook", "-i", os.path.join(self.state, "capi.capi_machines.yml"),
+                os.path.join("playbooks", name)]
+        for ev in extra_vars:
+            args += ["-e", ev]
+        with open(log, "w") as out:
+            return subprocess.Popen(args, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                    start_new_session=True)
+
+    @staticmethod
+    def finish_playbook(proc, log, timeout, explain=None):
+        """(returncode, output) of a playbook_in_background run; after timeout seconds it is killed (so that it
+        cannot act on what comes next) and the failure shows its output so far and what explain() returns."""
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            raise AssertionError("%s still running after %d s, killed; its output so far:\n%s%s" % (
+                " ".join(proc.args[:4]), timeout, open(log).read()[-6000:], "\n" + explain() if explain else ""))
+        return proc.returncode, open(log).read()
 
 
 def machine_of(co, host, namespace="metal3"):

@@ -25,8 +25,6 @@ from labkit import Lab, has_podman, wait_for
 # figure is the memory installed), so a node that joined at boot declares what a converge would
 LAB = Lab("alab", "10.89.87", 16487, ".lab/e2e-autoscale", LAB_COMPUTE="0", LAB_DIRECTORY="0",
           LAB_EVENTS_RULEBOOK="autoscale", LAB_AUTOSCALE_INTERVAL="10", LAB_RAM_MIB="1048576")
-# the inventory's host names: the Machines' on the simulator's lab, the hosts' on the real one (host_naming)
-BY_HOSTNAME = LAB.env.get("LAB_MANAGEMENT", "real") != "sim"
 STATE = LAB.state
 sh, on = LAB.sh, LAB.on
 CTL = "alab-ctl-01"
@@ -149,7 +147,8 @@ def test_max_reached_jobs_wait_and_min_keeps_nodes(lab):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "replicas 0 -> 2 (4 node(s) short; max 2 reached: 4 job(s) wait)" in res.stdout, res.stdout
     assert replicas(lab) == 2
-    # the simulator boots the machines; then reconcile joins them (the event path is stopped)
+    # the controllers provision the hosts and the host agent boots them; then reconcile joins them (the event
+    # path is stopped)
     wait("2 Machines Provisioned", lambda: [m.get("status", {}).get("phase") for m in machines(lab)]
          == ["Provisioned"] * 2, 180)
     res = LAB.playbook("reconcile.yml")
@@ -169,7 +168,7 @@ def test_max_reached_jobs_wait_and_min_keeps_nodes(lab):
     def marked():
         return [m for m in machines(lab) if "cluster.x-k8s.io/delete-machine" in m["metadata"].get("annotations", {})]
     assert len(marked()) == 1, marked()
-    # the simulator's MachineSet deletes the marked Machine (the pre-terminate hook holds it)
+    # Cluster API's MachineSet deletes the marked Machine (the pre-terminate hook holds it)
     wait("the marked Machine being deleted", lambda: all(m["metadata"].get("deletionTimestamp") for m in marked()),
          60)
     res = LAB.playbook("reconcile.yml")
@@ -332,7 +331,7 @@ def test_new_machines_join_slurm_at_first_boot_with_no_playbook_run(lab):
         assert res.returncode == 0 and "new to Slurm: none" in res.stdout, \
             "\n".join(line for line in res.stdout.splitlines() if "new to Slurm" in line) + res.stdout[-3000:] + \
             on(CTL, "sinfo --noheader --Node --format '%N %t'").stdout
-        hosts = nodes if BY_HOSTNAME else set(new)
+        hosts = nodes  # the inventory names hosts as Slurm does (host_naming: hostname)
         res = LAB.playbook("site.yml", limit=",".join(sorted(hosts)))
         assert res.returncode == 0, res.stdout[-3000:]
         for name in hosts:

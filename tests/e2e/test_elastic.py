@@ -1,5 +1,5 @@
-"""Elastic lifecycle end to end in a lab of its own: real machines, real Slurm, the
-simulator's Cluster API controller, scale_up.yml and scale_down.yml as AWX runs them.
+"""Elastic lifecycle end to end in a lab of its own: real machines, real Slurm, the real
+Cluster API, CAPM3 and Bare Metal Operator, scale_up.yml and scale_down.yml as AWX runs them.
 
 The lab has two controllers in HA (LAB_HA=1: keepalived VIP, shared Slurm state).
 Order matters (one lab, module scope): 2 -> 4 -> 2 (a long job on a leaving node)
@@ -124,7 +124,7 @@ def test_scale_down_4_to_2_waits_for_the_running_job(lab):
     state = on(CTL, "scontrol show job %s" % job).stdout
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state
     assert sorted(slurm_nodes()) == ["elab-cn-01", "elab-cn-02"]
-    assert not (set(names) & containers())  # the simulator removed the machines, after the job
+    assert not (set(names) & containers())  # their hosts deprovisioned, after the job
     remaining = compute_machines(lab)
     assert len(remaining) == 2 and not any(m["metadata"].get("deletionTimestamp") for m in remaining)
 
@@ -428,14 +428,18 @@ def test_two_scale_downs_and_a_scale_up_at_once(lab):
     started = time.time()
     res = sh("python3", "lab/scale.py", "0", "--no-playbook", check=False)
     assert res.returncode == 0, res.stdout + res.stderr
-    downs = [in_background(LAB.playbook, "scale_down.yml") for dummy in range(2)]
+    logs = [os.path.join(STATE, "logs", "scale_down-at-once-%d.log" % i) for i in (1, 2)]
+    downs = [LAB.playbook_in_background("scale_down.yml", log) for log in logs]
     time.sleep(3)
     up = sh("python3", "lab/scale.py", "1", check=False)  # a scale-up of the same MachineDeployment, meanwhile
-    for thread, dummy in downs:
-        thread.join(600)
+
+    def state():
+        return "%s\nsqueue:\n%s\nsinfo:\n%s" % (
+            machines_state(lab), on(CTL, "squeue", check=False).stdout, on(CTL, "sinfo --Node --long", check=False).stdout)
+    ends = [LAB.finish_playbook(proc, log, 600, explain=state) for proc, log in zip(downs, logs)]
     assert up.returncode == 0, up.stdout + up.stderr
-    for dummy, box in downs:
-        assert box["result"].returncode == 0, box["result"].stdout[-3000:]
+    for rc, out in ends:
+        assert rc == 0, out[-3000:]
     completed(jobs)
     # by Machine name: the scale-up's new Machine may well have claimed a host the scale-downs gave back (the
     # real CAPM3 picks any available host), so a host's name is no sign of its old Machine

@@ -2,8 +2,8 @@
 (never a Slurm node), a GPU node whose Machine declares two fake GPUs with the GRES annotation,
 a highmem node, each compute kind fed by its own MachineDeployment into its own partition
 (compute, gpu, highmem); hardware as slurmd detects it with memory kept for the OS
-(MemSpecLimit); a GPU node added by scaling its MachineDeployment; the highmem nodes in a
-MachinePool scaled up and down (MachinePool Machines, held by our hook); bad declarations
+(MemSpecLimit); a GPU node added by scaling its MachineDeployment; the highmem nodes' MachineDeployment
+scaled up and down (its leaving Machine held by our hook); bad declarations
 failing before any change; a compute node that joins at its first boot with the directory's
 users (playbooks/join_at_boot.yml), a GPU MachineDeployment refused for it."""
 
@@ -489,7 +489,7 @@ def test_a_new_host_applies_its_machines_bootstrap_data_at_first_boot(lab):
 
 def test_a_highmem_node_scales_up_and_down_through_its_machine_deployment(lab):
     # (MachinePools: CAPM3 has no MachinePool machines, so a lab of Metal3 hosts has none; the inventory's
-    # and scale.py's MachinePool support is tested against the simulator and the recorded objects)
+    # MachinePool support is tested on the recorded objects)
     res = sh("python3", "lab/scale.py", "2", "--node-type", "highmem", "--state", LAB.state,
              "--cluster", "hlab", check=False, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

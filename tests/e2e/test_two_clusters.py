@@ -1,4 +1,4 @@
-"""Two Slurm clusters on one management cluster (one simulator serving both Cluster API
+"""Two Slurm clusters on one management cluster (the real controllers serving both Cluster API
 clusters), converged independently through one inventory: neither touches the other.
 
 tlab-1 = tlab-ctl-01 + tlab-cn-01, tlab-2 = tlab-ctl-02 + tlab-cn-02 (lab/capi_objects.py
