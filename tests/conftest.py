@@ -3,6 +3,7 @@ transcripts were taken from, and the Machines tests make on it. pytest.ini puts 
 namespace, .lab/collections made by `make dev-collection`) and lab/ on the path."""
 
 import asyncio
+import contextlib
 import copy
 import functools
 import json
@@ -42,37 +43,35 @@ def pytest_report_header(config):
     return "real kube-apiserver tier: $%s=%s" % (kubeapi.ASSETS_VARIABLE, KUBE_ASSETS)
 
 
-@pytest.fixture(scope="session")
-def kube(tmp_path_factory):
-    """One real kube-apiserver (etcd, the CRDs, RBAC) for the session, holding the objects the
-    recorded transcripts were taken from (namespaces metal3 and lab2: read them, never change them;
-    a test that writes takes a namespace of its own, kube_ns)."""
-    server = kubeapi.KubeApiServer(tmp_path_factory.mktemp("kube-apiserver"))
+@contextlib.contextmanager
+def recorded(workdir, **options):
+    """A real kube-apiserver (KubeApiServer's options) holding the objects the recorded transcripts were
+    taken from (namespaces metal3 and lab2, 10 Machines), stopped when the block ends."""
+    server = kubeapi.KubeApiServer(workdir, **options)
     try:
         server.start()
         kubeapi.load_recorded(server.api())
-    except Exception:
+        yield server
+    finally:
         server.stop()
-        raise
-    yield server
-    server.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory):
+    """One real kube-apiserver (etcd, the CRDs, RBAC) for the session, holding the recorded objects (read
+    them, never change them; a test that writes takes a namespace of its own, kube_ns)."""
+    with recorded(tmp_path_factory.mktemp("kube-apiserver")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def recorded_server(tmp_path_factory):
-    """A kube-apiserver of the module's own holding only the recorded objects (namespaces metal3 and lab2,
-    10 Machines): for a test that lists every namespace, or restarts the server."""
+    """A kube-apiserver of the module's own holding only the recorded objects: for a test that lists every
+    namespace, or restarts the server."""
     if KUBE_MISSING:
         pytest.skip("real kube-apiserver tier skipped: " + KUBE_MISSING)
-    server = kubeapi.KubeApiServer(tmp_path_factory.mktemp("recorded-apiserver"))
-    try:
-        server.start()
-        kubeapi.load_recorded(server.api())
-    except Exception:
-        server.stop()
-        raise
-    yield server
-    server.stop()
+    with recorded(tmp_path_factory.mktemp("recorded-apiserver")) as server:
+        yield server
 
 
 _namespaces = iter(range(1, 1 << 30))

@@ -11,22 +11,16 @@ import pytest
 import yaml
 
 import kubeapi
-from conftest import ADMIN_TOKEN, READONLY_TOKEN, ansible_env, load_fixture
+from conftest import ADMIN_TOKEN, READONLY_TOKEN, ansible_env, load_fixture, recorded
 
 
 @pytest.fixture(scope="module")
 def module_server(tmp_path_factory):
+    """The recorded objects on a server of the module's own that keeps an audit log of every request."""
     if kubeapi.assets()[1]:
         pytest.skip("real kube-apiserver tier skipped: " + kubeapi.assets()[1])
-    server = kubeapi.KubeApiServer(tmp_path_factory.mktemp("inventory-apiserver"), audit=True)
-    try:
-        server.start()
-        kubeapi.load_recorded(server.api())
-    except Exception:
-        server.stop()
-        raise
-    yield server
-    server.stop()
+    with recorded(tmp_path_factory.mktemp("inventory-apiserver"), audit=True) as server:
+        yield server
 
 
 @pytest.fixture
