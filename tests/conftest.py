@@ -44,13 +44,16 @@ def pytest_report_header(config):
 
 
 @contextlib.contextmanager
-def recorded(workdir, **options):
+def recorded(workdir, docs=None, **options):
     """A real kube-apiserver (KubeApiServer's options) holding the objects the recorded transcripts were
-    taken from (namespaces metal3 and lab2, 10 Machines), stopped when the block ends."""
+    taken from (namespaces metal3 and lab2, 10 Machines), or docs instead; stopped when the block ends."""
     server = kubeapi.KubeApiServer(workdir, **options)
     try:
         server.start()
-        kubeapi.load_recorded(server.api())
+        if docs is None:
+            kubeapi.load_recorded(server.api())
+        else:
+            server.api().load(docs)
         yield server
     finally:
         server.stop()

@@ -162,14 +162,15 @@ class Api:
         sets, by their controller's field manager, then their status written through /status, then
         deleted when they were being deleted (their finalizers keep them). namespace: put every
         namespaced object there instead."""
-        made = []
+        made, namespaces = [], set()
         for doc in documents:
             obj = clean(doc, namespace)
+            name = obj["metadata"]["name"] if obj["kind"] == "Namespace" else obj["metadata"].get("namespace")
+            if name and name not in namespaces:
+                self.namespace(name)
+                namespaces.add(name)
             if obj["kind"] == "Namespace":
-                self.namespace(obj["metadata"]["name"])
                 continue
-            if obj["metadata"].get("namespace"):
-                self.namespace(obj["metadata"]["namespace"])
             status = obj.pop("status", None)
             manager = CONTROLLERS.get(obj["kind"])
             created = self.create(obj, manager)

@@ -209,9 +209,6 @@ class SlurmNode:
         """(idle, jobs, why not): idle only when squeue and scontrol both answered and both say so. A node
         that left Slurm meanwhile (another run deleted it: Slurm deletes no node a job runs on) is idle; squeue
         refuses its name ("Invalid node name"), which is then no failure to wait out."""
-        node = self.query_node()
-        if node is None:
-            return True, [], None
         try:
             jobs = self.jobs()
         except QueryError:

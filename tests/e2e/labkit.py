@@ -71,25 +71,25 @@ class Lab:
         if not os.environ.get("KEEP_LAB"):
             self.sh("lab/lab.sh", "down", check=False)
 
-    def playbook(self, name, *extra_vars, limit=None):
+    def playbook_args(self, name, *extra_vars, limit=None):
+        """ansible-playbook's command line for playbooks/name through the lab's CAPI inventory."""
         args = ["ansible-playbook", "-i", os.path.join(self.state, "capi.capi_machines.yml"),
                 os.path.join("playbooks", name)]
         for ev in extra_vars:
             args += ["-e", ev]
         if limit:
             args += ["--limit", limit]
-        return self.sh(*args, check=False)
+        return args
+
+    def playbook(self, name, *extra_vars, limit=None):
+        return self.sh(*self.playbook_args(name, *extra_vars, limit=limit), check=False)
 
     def playbook_in_background(self, name, log, *extra_vars):
         """ansible-playbook playbooks/name started in its own process group, its output going to the file log:
         finish_playbook waits for it."""
-        args = ["ansible-playbook", "-i", os.path.join(self.state, "capi.capi_machines.yml"),
-                os.path.join("playbooks", name)]
-        for ev in extra_vars:
-            args += ["-e", ev]
         with open(log, "w") as out:
-            return subprocess.Popen(args, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT, text=True,
-                                    start_new_session=True)
+            return subprocess.Popen(self.playbook_args(name, *extra_vars), cwd=REPO, env=self.env, stdout=out,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
     @staticmethod
     def finish_playbook(proc, log, timeout, explain=None):

@@ -3,6 +3,7 @@ only (one of the module's own: the plugin lists every namespace), what it asked 
 log; a server that is gone, one serving Cluster API v1beta1 only, and one without Cluster API, each a
 kube-apiserver of the test's own."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -34,22 +35,14 @@ def sim(module_server):
 @pytest.fixture
 def own_server(tmp_path):
     """A kube-apiserver of the test's own (stopped by it, or given other CRDs): own_server(crds=..., docs=...)."""
-    servers = []
+    with contextlib.ExitStack() as servers:
+        count = iter(range(100))
 
-    def start(crds=kubeapi.CRDS, docs=None):
-        if kubeapi.assets()[1]:
-            pytest.skip("real kube-apiserver tier skipped: " + kubeapi.assets()[1])
-        server = kubeapi.KubeApiServer(tmp_path / ("apiserver-%d" % len(servers)), crds=crds)
-        servers.append(server)
-        server.start()
-        if docs is None:
-            kubeapi.load_recorded(server.api())
-        else:
-            server.api().load(docs)
-        return server
-    yield start
-    for server in servers:
-        server.stop()
+        def start(crds=kubeapi.CRDS, docs=None):
+            if kubeapi.assets()[1]:
+                pytest.skip("real kube-apiserver tier skipped: " + kubeapi.assets()[1])
+            return servers.enter_context(recorded(tmp_path / ("apiserver-%d" % next(count)), docs, crds=crds))
+        yield start
 
 
 def auth(server, token=ADMIN_TOKEN):
