@@ -18,7 +18,12 @@
     then scale_up.yml as the Machine event would run it (it finds nothing to converge). The lab's
     BareMetalHosts report more memory than the machines show, as real ones do (LAB_RAM_MIB).
 
-    python3 bench/elastic.py [--batches 1,5,10] [--events] [--burst 50] [--join-at-boot]
+(e) with --waiting-job N: N rounds, each way: a job that needs one node more than Slurm has waits; the
+    compute MachineDeployment gets one more Machine (scale_up.yml); from the new node IDLE on the
+    controller to the job RUNNING, polled there every 0.1 s: with the slurmd unit's ready script asking
+    slurmctld to schedule (slurm_compute_ready_timeout, the default) and without it (0: Slurm's own cycles).
+
+    python3 bench/elastic.py [--batches 1,5,10] [--events] [--burst 50] [--join-at-boot] [--waiting-job 3]
 
 On the real management cluster (kube-apiserver, Cluster API, CAPM3 and the Bare Metal Operator): the lab
 registers as many compute hosts as the largest scale needs.
@@ -59,6 +64,20 @@ def scale(n):
     gone = re.search(r"\[lab-scale +([\d.]+)s\] Machines gone", out)
     held = re.search(r"\[lab-scale +([\d.]+)s\] Deleting", out)
     return total, up, down, gone, held
+
+
+def profile(log_name, top=8):
+    """Where a playbook run's seconds went: its host's task count and the slowest tasks (profile_tasks'
+    recap in the lab's log of the run)."""
+    path = os.path.join(REPO, ENV["LAB_STATE"], "logs", log_name)
+    with open(path, errors="replace") as log:
+        text = log.read()
+    recap = text[text.rindex("PLAY RECAP"):]
+    hosts = re.findall(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+).*?skipped=(\d+)", recap, re.M)
+    slowest = re.findall(r"^(.+?) -+ ([\d.]+)s$", recap[recap.find("TASKS RECAP"):], re.M)[:top]
+    lines = ["  %s: %s tasks run, %s skipped" % (h, ok, skipped) for h, ok, dummy, skipped in hosts if int(ok) > 10]
+    lines += ["  %6.2f s  %s" % (float(t), name[:100]) for name, t in slowest]
+    return "\n".join(lines)
 
 
 def reconcile_runs():
@@ -133,12 +152,44 @@ def join_at_boot(batches, replicas):
     sh("python3", "lab/scale.py", "1")
 
 
+# on the controller: every 0.1 s, the time, the nodes IDLE and the job's state, until the job runs
+WATCH = ("while :; do i=$(sinfo --noheader --Node --states=idle --format=%%N | sort -u | wc -l); "
+         "j=$(squeue --noheader --job %s --format=%%T); echo \"$(date +%%s.%%N) $i $j\"; "
+         "case \"$j\" in PENDING) ;; *) break ;; esac; sleep 0.1; done")
+
+
+def waiting_job(rounds, replicas):
+    """(e): node IDLE -> the job that waited for it RUNNING, with and without the ready script."""
+    figures = {}
+    for variant, extra in [("Slurm's own cycles (slurm_compute_ready_timeout=0)", ["-e", "slurm_compute_ready_timeout=0"]),
+                           ("the ready script asks slurmctld to schedule", [])] * rounds:
+        job = sh("podman", "exec", ENV["LAB_NAME"] + "-ctl-01", "sbatch", "--parsable", "--nodes=%d" % (replicas + 1),
+                 "--wrap", "sleep 1").strip()
+        idle_before = int(sh("podman", "exec", ENV["LAB_NAME"] + "-ctl-01", "sh", "-c",
+                             "sinfo --noheader --Node --states=idle --format=%N | sort -u | wc -l").strip())
+        watch = subprocess.Popen(["podman", "exec", ENV["LAB_NAME"] + "-ctl-01", "sh", "-c", WATCH % job], cwd=REPO, env=ENV,
+                                 stdout=subprocess.PIPE, text=True)
+        sh("python3", "lab/scale.py", str(replicas + 1), *extra)
+        out, dummy = watch.communicate(timeout=180)
+        samples = [line.split(None, 2) + [""] for line in out.splitlines() if line.strip()]
+        idle = next(float(t) for t, n, *rest in samples if int(n) > idle_before)
+        running = next(float(t) for t, n, state, *rest in samples if state.strip() and state.strip() != "PENDING")
+        figures.setdefault(variant, []).append(running - idle)
+        print("waiting job: %-52s new node IDLE -> job RUNNING %5.1f s" % (variant, running - idle), flush=True)
+        sh("python3", "lab/scale.py", str(replicas))
+    for variant, values in figures.items():
+        print("waiting job: %-52s median %5.1f s (%s)" % (variant, sorted(values)[len(values) // 2],
+                                                          ", ".join("%.1f" % v for v in values)), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,5,10")
     ap.add_argument("--events", action="store_true", help="also measure the event path (c)")
     ap.add_argument("--burst", type=int, default=50, help="Machines at once for the event path's job count")
     ap.add_argument("--join-at-boot", action="store_true", help="also measure the join at first boot (d)")
+    ap.add_argument("--waiting-job", type=int, default=0, metavar="ROUNDS",
+                    help="also measure node IDLE -> a waiting job RUNNING, ROUNDS times each way (e)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.join_at_boot:  # Metal3 reports the memory installed, more than the OS shows (docs/slurm.md)
@@ -164,15 +215,20 @@ def run(args, batches):
             rows.append(("up", batch, float(up.group(1)), total))
             print("scale-up   +%-3d Provisioned -> all IDLE %6.1f s (%5.1f s per node; with boot %6.1f s)"
                   % (batch, float(up.group(1)), float(up.group(1)) / batch, total), flush=True)
+            if batch == 1:  # where the seconds of one node's scale-up go
+                print(profile("scale_up.log"), flush=True)
         leaving = replicas - 1
         total, dummy, down, gone, held = scale(1)
         print("scale-down -%-3d deletionTimestamp -> hooks released %6.1f s (%4.1f s per node); "
               "Machines gone after %5.1f s" % (leaving, float(down.group(1)), float(down.group(1)) / leaving,
                                                float(gone.group(1)) - float(held.group(1))), flush=True)
+        print(profile("scale_down.log"), flush=True)
         if args.events:
             events(batches, 1, args.burst)
         if args.join_at_boot:
             join_at_boot(batches, 1)
+        if args.waiting_job:
+            waiting_job(args.waiting_job, 1)
     finally:
         sh("lab/lab.sh", "down")
     print("anchors (thesis): 38.74 s per node with a prebaked image, 267.59 s with a stock image")

@@ -321,6 +321,11 @@ def test_new_machines_join_slurm_at_first_boot_with_no_playbook_run(lab):
             assert on(node, "cloud-init status").stdout.strip() == "status: done"
             assert "]: slurmd started as Slurm node %s (RealMemory=" % node in \
                 on(node, "journalctl -t converged-hpc-join --no-pager").stdout
+            # the ready script came with the bootstrap data: slurmctld asked to schedule once it registered
+            log = on(node, "journalctl -t converged-hpc-slurmd-ready --no-pager").stdout
+            assert re.search(r"%s registered [A-Z]+\+DYNAMIC_NORM: scheduling asked through partition\(s\) compute"
+                             % node, log), log
+            assert on(node, "stat -c '%a' /usr/local/libexec/converged-hpc/slurmd-ready").stdout.strip() == "755"
             assert on(node, "stat -c '%U %a' /etc/munge/munge.key").stdout.split() == ["munge", "400"]
             # a job runs there: munge with the cluster's key, the node's name, MPICH
             assert on(CTL, "srun -w %s hostname" % node).stdout.strip() == node

@@ -101,11 +101,20 @@ def test_site_put_the_hook_on_every_slurm_machine(lab):
 def test_scale_up_2_to_4_new_nodes_idle_controller_untouched(lab):
     ctl_pid = main_pid(CTL, "slurmctld")
     old = {n: main_pid(n, "slurmd") for n in ("elab-cn-01", "elab-cn-02")}
+    # a job that needs the new nodes waits for them
+    waiting = on(CTL, "sbatch --parsable --nodes=4 --wrap hostname").stdout.strip()
     res = scale(4)
     assert res.returncode == 0, res.stdout + res.stderr
+    completed([waiting])
     nodes = slurm_nodes()
     assert sorted(nodes) == ["elab-cn-01", "elab-cn-02", "elab-cn-03", "elab-cn-04"], nodes
     assert set(nodes.values()) == {"idle"}
+    # each new node asked slurmctld to schedule once registered (the slurmd unit's ready script; the
+    # second may find the job already on it)
+    for node in ("elab-cn-03", "elab-cn-04"):
+        log = on(node, "journalctl -t converged-hpc-slurmd-ready --no-pager").stdout
+        assert re.search(r"%s registered (IDLE|ALLOCATED|MIXED)\+DYNAMIC_NORM: scheduling asked through partition\(s\) "
+                         r"compute" % node, log), log
     assert main_pid(CTL, "slurmctld") == ctl_pid  # the controller was not restarted
     assert {n: main_pid(n, "slurmd") for n in old} == old  # nor the existing nodes
     # every compute Machine carries the hook, the new ones too

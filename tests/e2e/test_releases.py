@@ -59,8 +59,15 @@ def test_a_second_converge_on_2205_changes_nothing(lab):
 
 
 def test_scale_1_2_1_with_a_job_on_the_leaving_node(lab):
+    waiting = on(CTL, "sbatch --parsable --nodes=2 --wrap hostname").stdout.strip()
     res = sh("python3", "lab/scale.py", "2", check=False)
     assert res.returncode == 0, res.stdout + res.stderr
+    # the job that waited for the new node ran once it registered: 22.05's scontrol on a configless node
+    # (the ready script) asked slurmctld to schedule
+    wait_for("the waiting job to complete", lambda: job_state(waiting) == "COMPLETED", 120)
+    log = on("rlab-cn-02", "journalctl -t converged-hpc-slurmd-ready --no-pager").stdout
+    assert re.search(r"rlab-cn-02 registered [A-Z]+\+DYNAMIC_NORM: scheduling asked through partition\(s\) compute",
+                     log), log
     assert slurm_nodes() == {"rlab-cn-01": "idle", "rlab-cn-02": "idle"}
     job = on(CTL, "sbatch --parsable --nodelist=rlab-cn-02 --wrap 'sleep 15; echo finished'").stdout.strip()
     wait_for("the job to run", lambda: job_state(job) == "RUNNING", 60)

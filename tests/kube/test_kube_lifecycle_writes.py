@@ -117,6 +117,12 @@ def test_join_at_boot_secrets_written_once_and_check_mode_is_a_dry_run(kube, kub
     assert base64.b64decode(secret["data"]["format"]) == b"cloud-config"
     cloud_config = base64.b64decode(secret["data"]["value"]).decode()
     assert cloud_config.startswith("#cloud-config") and KEY.replace("\n", "") in cloud_config.replace("\n", "")
+    # slurmd's drop-in runs the ready script, written executable (a waiting job starts once the node is IDLE)
+    files = {f["path"]: f for f in yaml.safe_load(cloud_config)["write_files"]}
+    ready = files["/usr/local/libexec/converged-hpc/slurmd-ready"]
+    assert ready["permissions"] == "0755" and "scontrol update partitionname=" in ready["content"], ready
+    assert "ExecStartPost=-/usr/local/libexec/converged-hpc/slurmd-ready" in \
+        files["/etc/systemd/system/slurmd.service.d/converged-hpc.conf"]["content"]
     written = secret["metadata"]["resourceVersion"]
     # the same inputs again: nothing written
     recap = join_at_boot(kube, tmp_path, inv, KEY)
