@@ -12,10 +12,12 @@ the source letting go, deprovisioning (Ironic's cleaning, held --deprovision-sec
 - and the collection's part: the time to the job RUNNING (or to the end) less deprovisioning and the claim and
 boot (Metal3's and the machine's: a container here, Ironic's provisioning on real hardware).
 
-    python3 bench/move.py [--rounds 3] [--deprovision-seconds 5] [--keep]
+    python3 bench/move.py [--rounds 3] [--deprovision-seconds 5] [--join-at-boot] [--keep]
 
-A GPU host joins Slurm through scale_up.yml: join at boot refuses node types that declare GRES (the
-controllers' gres.conf needs the node's line before it registers; docs/elastic.md).
+A GPU host joins Slurm through scale_up.yml in the same run; with --join-at-boot the same lab then moves it as
+many rounds more with the Slurm gpu MachineDeployment joining at boot (converged_join_at_boot, its bootstrap
+data written by join_at_boot.yml and named by its template; the pool's GPU hosts named ahead in gres.conf by
+the gpu node type's gres_nodes): move.yml waits for the node to register by itself and converges nothing.
 
 The reference work measured 184 s for Kubernetes -> Slurm on real hardware, 145.2 s of it Ironic's
 deprovisioning and 38.7 s provisioning from a prebuilt image: the lab's boot (a container) is not that.
@@ -90,6 +92,17 @@ def move(environ, source, target, to_slurm):
             "join": wall - total, "ours": end - deprovisioning - booted}
 
 
+def join_at_boot(environ):
+    """The Slurm gpu MachineDeployment's new Machines join at their first boot, as a site sets it."""
+    with open(os.path.join(STATE, "group_vars", "all", "join-at-boot.yml"), "w") as fh:
+        fh.write("converged_join_at_boot: [%s-gpu]\n" % NAME)
+    run(environ, "ansible-playbook", "-i", os.path.join(STATE, "capi.capi_machines.yml"), "playbooks/join_at_boot.yml")
+    run(environ, "python3", "-c", "import sys; from kubernetes import client, config; client.CustomObjectsApi("
+        "config.new_client_from_config(sys.argv[1])).patch_namespaced_custom_object('cluster.x-k8s.io', 'v1beta2', "
+        "'metal3', 'machinedeployments', sys.argv[2], {'spec': {'template': {'spec': {'bootstrap': {"
+        "'dataSecretName': sys.argv[2] + '-join'}}}}})", os.path.join(STATE, "capi", "kubeconfig"), NAME + "-gpu")
+
+
 def bench(args, management):
     """The lab up on management, args.rounds moves each way; the rows."""
     environ = env(args.deprovision_seconds)
@@ -106,6 +119,11 @@ def bench(args, management):
         for dummy in range(args.rounds):
             rows.append(move(environ, kube, slurm, True))
             rows.append(move(environ, slurm, kube, False))
+        if args.join_at_boot:
+            join_at_boot(environ)
+            for dummy in range(args.rounds):
+                rows.append(dict(move(environ, kube, slurm, True), variant="join at boot"))
+                rows.append(dict(move(environ, slurm, kube, False), variant="join at boot"))
     finally:
         if not args.keep:
             run(environ, "lab/lab.sh", "down")
@@ -119,17 +137,23 @@ def report(management, rows):
     print("%-34s %6s %8s %8s %7s %7s %10s %6s %6s" % head)
     for r in rows:
         print("%-34s %6.1f %8s %8.1f %7.1f %7.1f %10.1f %6.1f %6.1f" % (
-            r["direction"], r["wall"], "%.1f" % r["running"] if r["running"] is not None else "-", r["planned"],
+            r["direction"] + (" (at boot)" if r.get("variant") else ""), r["wall"], "%.1f" % r["running"] if r["running"] is not None else "-", r["planned"],
             r["let_go"], r["deprovisioning"], r["booted"], r["join"], r["ours"]))
-    for direction in (kube + " -> " + slurm, slurm + " -> " + kube):
-        mine = [r for r in rows if r["direction"] == direction]
-        print("%s median %s: wall %.1f s%s; the collection's part (to the end%s, less deprovisioning and the "
-              "claim and boot) %.1f s" % (
-                  management, direction, statistics.median(r["wall"] for r in mine),
-                  ", the waiting GPU job RUNNING at %.1f s" % statistics.median(r["running"] for r in mine)
-                  if mine[0]["running"] is not None else "",
-                  " or the job RUNNING" if mine[0]["running"] is not None else "",
-                  statistics.median(r["ours"] for r in mine)))
+    for variant in ("scale_up.yml", "join at boot"):
+        for direction in (kube + " -> " + slurm, slurm + " -> " + kube):
+            mine = [r for r in rows if r["direction"] == direction and r.get("variant", "scale_up.yml") == variant]
+            if mine:
+                summary(management + ", " + variant, direction, mine)
+
+
+def summary(management, direction, mine):
+    print("%s median %s: wall %.1f s%s; the collection's part (to the end%s, less deprovisioning and the "
+          "claim and boot) %.1f s" % (
+              management, direction, statistics.median(r["wall"] for r in mine),
+              ", the waiting GPU job RUNNING at %.1f s" % statistics.median(r["running"] for r in mine)
+              if mine[0]["running"] is not None else "",
+              " or the job RUNNING" if mine[0]["running"] is not None else "",
+              statistics.median(r["ours"] for r in mine)))
 
 
 def main():
@@ -137,6 +161,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deprovision-seconds", type=float, default=5)
     ap.add_argument("--keep", action="store_true", help="leave the (last) lab up")
+    ap.add_argument("--join-at-boot", action="store_true",
+                    help="then as many rounds with the Slurm gpu MachineDeployment joining at boot")
     args = ap.parse_args()
     if not os.environ.get("KUBEBUILDER_ASSETS"):
         sys.exit("bench/move.py needs $KUBEBUILDER_ASSETS (make kube-assets) for the servers")

@@ -566,6 +566,10 @@ EOF
   printf '%s\n' "# Written by lab/lab.sh: the running lab's facts (lab/group_vars.yml uses them)." \
     "lab_name: $LAB_NAME" "lab_state: $STATE" "lab_subnet: $LAB_SUBNET_PREFIX.0/24" \
     "lab_munge_key_source: $LAB_MUNGE_KEY_SOURCE" "lab_directory: $directory" >"$STATE/group_vars/all/lab.yml"
+  if (( LAB_BARE_METAL_GPU > 0 )); then
+    # the pool's GPU hosts, by the names they register with: their gres.conf lines ahead (lab/group_vars.yml)
+    printf 'lab_gpu_pool_hosts: "%s-bm-[01-%02d]"\n' "$LAB_NAME" "$LAB_BARE_METAL_GPU" >>"$STATE/group_vars/all/lab.yml"
+  fi
   if (( LAB_KUBERNETES_GPU > 0 )); then
     printf '%s\n' "# Written by lab/lab.sh (LAB_KUBERNETES_GPU): the Kubernetes workload cluster on the same pool." \
       "converged_rebalance_workload_kubeconfig: $dir/workload/kubeconfig" \

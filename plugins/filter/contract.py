@@ -140,31 +140,103 @@ def gres_types(gres_strings):
     return sorted(names)
 
 
-def gres_conf(hostnames, hostvars, devices=None, autodetect=""):
+_HOSTLIST_RANGE = re.compile(r"^(\d+)(-(\d+))?$")
+HOSTLIST_MAX = 65536
+
+
+def expand_hostlist(value):
+    """A Slurm hostlist (gpu-[01-16,20],gpu-spare) as the names it stands for, in order; a list of such
+    expressions is taken too. ValueError naming the part Slurm would not take."""
+    parts = value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for part in parts:
+        text, depth, start = str(part).strip(), 0, 0
+        pieces = []
+        for i, char in enumerate(text):  # commas inside brackets are ranges, outside they separate names
+            depth += {"[": 1, "]": -1}.get(char, 0)
+            if depth < 0 or depth > 1:
+                raise ValueError("%r: brackets do not match" % text)
+            if char == "," and depth == 0:
+                pieces.append(text[start:i])
+                start = i + 1
+        if depth:
+            raise ValueError("%r: brackets do not match" % text)
+        pieces.append(text[start:])
+        for piece in pieces:
+            out.extend(_expand_one(piece.strip(), text))
+            if len(out) > HOSTLIST_MAX:
+                raise ValueError("%r stands for more than %d names" % (text, HOSTLIST_MAX))
+    return out
+
+
+def _expand_one(piece, whole):
+    """The names one hostlist piece (no comma outside its brackets) stands for: its first bracket group
+    expanded, the rest in turn."""
+    if not piece:
+        raise ValueError("%r: an empty name" % whole)
+    if "[" not in piece:
+        if not _SLURM_NAME.match(piece):
+            raise ValueError("%r: %r is not a valid Slurm node name" % (whole, piece))
+        return [piece]
+    head, rest = piece.split("[", 1)
+    inside, tail = rest.split("]", 1)
+    names = []
+    for item in inside.split(","):
+        match = _HOSTLIST_RANGE.match(item.strip())
+        if not match:
+            raise ValueError("%r: %r is not a number or a range of numbers" % (whole, item.strip()))
+        low, high = match.group(1), match.group(3) or match.group(1)
+        if int(high) < int(low):
+            raise ValueError("%r: the range %s runs backwards" % (whole, item.strip()))
+        if int(high) - int(low) >= HOSTLIST_MAX:
+            raise ValueError("%r stands for more than %d names" % (whole, HOSTLIST_MAX))
+        width = len(low) if low.startswith("0") and len(low) > 1 else 0
+        for number in range(int(low), int(high) + 1):
+            names.extend(_expand_one(head + str(number).zfill(width) + tail, whole))
+            if len(names) > HOSTLIST_MAX:
+                raise ValueError("%r stands for more than %d names" % (whole, HOSTLIST_MAX))
+    return names
+
+
+def _gres_lines(node, value, devices, autodetect):
+    lines = []
+    for item in parse_gres(value):
+        line = "NodeName=%s Name=%s" % (node, item["name"])
+        if item["type"]:
+            line += " Type=%s" % item["type"]
+        prefix = (devices or {}).get(item["name"])
+        if prefix and not autodetect:
+            count = item["count"]
+            line += " File=%s%s" % (prefix, "0" if count == 1 else "[0-%d]" % (count - 1))
+        elif not prefix:
+            line += " Count=%d" % item["count"]
+        else:
+            continue
+        lines.append(line)
+    return lines
+
+
+def gres_conf(hostnames, hostvars, devices=None, autodetect="", node_types=None):
     """gres.conf lines for the compute hosts given: per GRES of a host, its device files when the name has a
     device prefix in C(devices) (gpu -> /dev/nvidia: File=/dev/nvidia[0-3]), else its count; with
-    C(autodetect) (nvml) the devices are found by slurmd and only the line for it is written."""
-    lines = ["AutoDetect=%s" % autodetect] if autodetect else []
+    C(autodetect) (nvml) the devices are found by slurmd and only the line for it is written. Then, ahead,
+    the names a compute node type's C(gres_nodes) stands for (C(node_types)) that no host given has, with
+    the node type's GRES: a node that joins at its first boot finds its line there. By node name: a host
+    that comes or goes with the node type's GRES leaves the file as it was."""
+    lines = {}
     for name in sorted(set(hostnames or ())):
         hv = hostvars[name]
         value = hv.get("converged_slurm_gres") or ""
-        if not value:
-            continue
         node = hv.get("converged_slurm_node_name") or name.split(".")[0]
-        for item in parse_gres(value):
-            line = "NodeName=%s Name=%s" % (node, item["name"])
-            if item["type"]:
-                line += " Type=%s" % item["type"]
-            prefix = (devices or {}).get(item["name"])
-            if prefix and not autodetect:
-                count = item["count"]
-                line += " File=%s%s" % (prefix, "0" if count == 1 else "[0-%d]" % (count - 1))
-            elif not prefix:
-                line += " Count=%d" % item["count"]
-            else:
-                continue
-            lines.append(line)
-    return lines
+        lines[node] = _gres_lines(node, value, devices, autodetect) if value else []
+    for dummy, spec in sorted((node_types or {}).items()):
+        spec = _plain(spec)
+        if spec.get("role") != "compute" or not spec.get("gres") or not spec.get("gres_nodes"):
+            continue
+        for node in expand_hostlist(spec["gres_nodes"]):
+            if node not in lines:
+                lines[node] = _gres_lines(node, spec["gres"], devices, autodetect)
+    return (["AutoDetect=%s" % autodetect] if autodetect else []) + [line for node in sorted(lines) for line in lines[node]]
 
 
 def check_contract(node_types, partitions):
@@ -182,7 +254,7 @@ def check_contract(node_types, partitions):
     defaults = [p.get("name") for p in partitions or [] if p.get("default")]
     if len(defaults) > 1:
         errors.append("more than one default partition: %s" % ", ".join(defaults))
-    used, nodesets = set(), {}
+    used, nodesets, ahead = set(), {}, {}
     for node_type, spec in sorted(node_types.items()):
         spec = _plain(spec)
         role = spec.get("role")
@@ -192,8 +264,8 @@ def check_contract(node_types, partitions):
         if not _SLURM_NAME.match(node_type):
             errors.append("node type %r is not a valid Slurm feature name" % node_type)
         if role != "compute":
-            if spec.get("nodeset") or spec.get("partitions") or spec.get("gres"):
-                errors.append("node type %s (role %s) names a nodeset, partitions or gres: only compute node types "
+            if spec.get("nodeset") or spec.get("partitions") or spec.get("gres") or spec.get("gres_nodes"):
+                errors.append("node type %s (role %s) names a nodeset, partitions, gres or gres_nodes: only compute node types "
                               "become Slurm nodes" % (node_type, role))
             continue
         if spec.get("gres"):
@@ -201,6 +273,18 @@ def check_contract(node_types, partitions):
                 parse_gres(spec["gres"])
             except ValueError as exc:
                 errors.append("node type %s: gres %s" % (node_type, exc))
+        if spec.get("gres_nodes"):
+            if not spec.get("gres"):
+                errors.append("node type %s names gres_nodes but declares no gres: gres_nodes are the names its "
+                              "hosts register with, for their GRES lines in gres.conf ahead" % node_type)
+            try:
+                for name in expand_hostlist(spec["gres_nodes"]):
+                    if name in ahead:
+                        errors.append("node %s is in the gres_nodes of node types %s and %s: give it to one"
+                                      % (name, ahead[name], node_type))
+                    ahead.setdefault(name, node_type)
+            except ValueError as exc:
+                errors.append("node type %s: gres_nodes %s" % (node_type, exc))
         nodeset = spec.get("nodeset")
         parts = spec.get("partitions") or []
         if not nodeset:
@@ -416,4 +500,4 @@ class FilterModule(object):
         return {"contract": contract, "contract_nodesets": nodesets,
                 "contract_partitions": partitions_with_nodes, "contract_placeholders": placeholders,
                 "gres_parse": parse_gres,
-                "gres_types": gres_types, "gres_conf": gres_conf}
+                "gres_types": gres_types, "gres_conf": gres_conf, "hostlist_expand": expand_hostlist}

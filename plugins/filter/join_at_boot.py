@@ -17,13 +17,17 @@ description:
     MachineDeployment cannot join at boot, each naming it, and C(deployments), one entry a requested
     MachineDeployment - C(name), C(namespace), C(node_type), C(features) (the node type, then the template's
     feature labels, as the contract gives its Machines), C(secret) (the bootstrap data Secret's name,
-    C(<name>-join)) and C(named) (whether the template's C(bootstrap.dataSecretName) already names it).
+    C(<name>-join)), C(named) (whether the template's C(bootstrap.dataSecretName) already names it), C(gres)
+    (the GRES its nodes register with, empty for none) and C(devices) (the device files the boot checks before
+    slurmd starts).
   - A MachineDeployment joins at boot only when nothing a converge guarantees before a node takes jobs is
     left out. Its template's node-type must be a node type of role compute; the template must carry our
     deletion hook (Cluster API copies template annotations to each new Machine, so the hook is on the Machine
-    before its node can take a job); it declares no GRES (the controllers' gres.conf needs the node's line
-    before slurmd fetches it, so such nodes join through C(scale_up.yml)). Identities from a directory are
-    configured at boot by the bootstrap data itself (SSSD before slurmd).
+    before its node can take a job). GRES (the template's annotation, else the node type's) need a node's line
+    in the controllers' gres.conf before slurmd fetches it: they join at boot when the node type names its hosts
+    ahead (C(gres_nodes), its GRES as the template's) or when slurmd finds every device itself (C(gres_autodetect)
+    and a device prefix for each GRES name); otherwise they join through C(scale_up.yml). Identities from a
+    directory are configured at boot by the bootstrap data itself (SSSD before slurmd).
   - A Secret of that name that converged.hpc did not write is never overwritten.
 positional: requested, node_types, hook_key
 options:
@@ -62,6 +66,14 @@ options:
     description: The annotation that declares a Machine's GRES.
     type: str
     default: slurm.converged.hpc/gres
+  gres_devices:
+    description: C(converged_gres_devices), the device file prefix of each GRES name.
+    type: dict
+    default: {}
+  gres_autodetect:
+    description: C(converged_gres_autodetect) (nvml...), empty when gres.conf names the devices.
+    type: str
+    default: ""
 """
 
 EXAMPLES = r"""
@@ -79,7 +91,7 @@ _value:
 """
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.converged.hpc.plugins.filter.contract import FEATURE_LABEL_PREFIX, GRES_ANNOTATION
+from ansible_collections.converged.hpc.plugins.filter.contract import FEATURE_LABEL_PREFIX, GRES_ANNOTATION, parse_gres
 from ansible_collections.converged.hpc.plugins.filter.contract import label_features
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -94,7 +106,7 @@ def _get(obj, *path):
 
 def join_at_boot_plan(deployments, requested, node_types, hook_key, secrets=None,
                       node_type_label="node-type", feature_label_prefix=FEATURE_LABEL_PREFIX,
-                      gres_annotation=GRES_ANNOTATION):
+                      gres_annotation=GRES_ANNOTATION, gres_devices=None, gres_autodetect=""):
     """See DOCUMENTATION."""
     if not isinstance(deployments, list):
         raise AnsibleFilterError("join_at_boot_plan: the MachineDeployments must be a list")
@@ -129,9 +141,26 @@ def join_at_boot_plan(deployments, requested, node_types, hook_key, secrets=None
             errors.append("its template does not carry our deletion hook (annotation %s): a Machine could take jobs "
                           "before scale_up.yml holds it, and be deleted without a drain" % hook_key)
         gres = str(annotations.get(gres_annotation) or spec.get("gres") or "").strip()
+        devices = []
         if gres:
-            errors.append("its nodes declare GRES (%s): the controllers' gres.conf needs a node's line before it "
-                          "registers, so they join through scale_up.yml" % gres)
+            try:
+                items = parse_gres(gres)
+            except ValueError as exc:
+                items = []
+                errors.append("its GRES %s: %s" % (gres, exc))
+            prefixes = gres_devices if isinstance(gres_devices, dict) else {}
+            found = bool(gres_autodetect) and all(i["name"] in prefixes for i in items)
+            ahead = bool(spec.get("gres_nodes")) and gres == str(spec.get("gres") or "").strip()
+            if items and not (found or ahead):
+                errors.append(
+                    "its nodes declare GRES (%s): a node's line must be in the controllers' gres.conf before it registers; "
+                    "name the hosts ahead (converged_node_types.%s.gres_nodes, the Slurm hostlist of the names they register "
+                    "with: their BareMetalHosts' hostnames%s), or let slurmd find the devices (converged_gres_autodetect), "
+                    "or let them join through scale_up.yml"
+                    % (gres, node_type, ", with the node type's gres, not the template's %s" % gres
+                       if spec.get("gres_nodes") else ""))
+            if not gres_autodetect:
+                devices = ["%s%d" % (prefixes[i["name"]], n) for i in items if i["name"] in prefixes for n in range(i["count"])]
         secret = "%s-join" % name
         there = existing.get(secret)
         if there is not None and _get(there, "metadata", "labels").get(MANAGED_BY) != OURS:
@@ -144,7 +173,8 @@ def join_at_boot_plan(deployments, requested, node_types, hook_key, secrets=None
             "name": name, "namespace": _get(md, "metadata").get("namespace", ""), "node_type": node_type,
             "features": list(dict.fromkeys([node_type] + label_features(labels, feature_label_prefix))),
             "secret": secret,
-            "named": _get(md, "spec", "template", "spec", "bootstrap").get("dataSecretName") == secret})
+            "named": _get(md, "spec", "template", "spec", "bootstrap").get("dataSecretName") == secret,
+            "gres": gres, "devices": devices})
     return plan
 
 

@@ -12,6 +12,7 @@ running on a host asked to move keeps running to its end, and the host moves aft
 way is finished by reconcile.yml.
 """
 
+import base64
 import json
 import os
 import re
@@ -260,3 +261,43 @@ def test_a_move_killed_either_way_is_finished_by_reconcile(world):
     # nothing is left: the next reconcile has nothing to do
     res = playbook("reconcile.yml")
     assert res.returncode == 0 and "reconcile: nothing to do" in res.stdout, res.stdout[-4000:]
+
+
+def test_a_gpu_host_moved_to_slurm_joins_at_its_first_boot_and_the_waiting_job_runs_on_it(world):
+    """The Slurm GPU MachineDeployment joins at boot, as a site sets it: converged_join_at_boot names it,
+    join_at_boot.yml writes its bootstrap data, its template names that Secret. The pool's GPU hosts are named
+    ahead (the gpu node type's gres_nodes), so the controllers' gres.conf has the host's line before it is
+    Slurm's; the move waits for the node to register by itself and converges nothing."""
+    assert world.replicas() == (0, 1) and world.side() == KUBE_MD  # the previous test gave the host back
+    gres = on(CTL, "cat /etc/slurm/gres.conf").stdout
+    assert "NodeName=%s Name=gpu Type=lab File=/dev/nvidia[0-1]" % HOST in gres, gres  # ahead, no node yet
+    with open(os.path.join(STATE, "group_vars", "all", "join-at-boot.yml"), "w") as fh:
+        fh.write("converged_join_at_boot: [%s]\n" % SLURM_MD)
+    res = playbook("join_at_boot.yml")
+    assert res.returncode == 0, res.stdout[-3000:]
+    mgmt = client.CoreV1Api(config.new_client_from_config(os.path.join(STATE, "capi", "kubeconfig")))
+    value = base64.b64decode(mgmt.read_namespaced_secret(SLURM_MD + "-join", NS).data["value"]).decode()
+    assert "Gres=gpu:lab:2" in value and "[ -e /dev/nvidia1 ]" in value, value[-2000:]
+    world.co.patch_namespaced_custom_object(G, V, NS, "machinedeployments", SLURM_MD, {"spec": {"template": {
+        "spec": {"bootstrap": {"dataSecretName": SLURM_MD + "-join"}}}}})
+    job = gpu_job()
+    wait_for("the job pending", lambda: job_state(job)[0] == "PENDING", 30)
+    res = playbook("rebalance.yml")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "moving %s from %s to %s" % (HOST, KUBE_MD, SLURM_MD) in res.stdout, decisions(res.stdout)
+    assert "joined Slurm at their first boot: %s" % HOST in res.stdout, res.stdout[-4000:]
+    assert "new to Slurm:" not in res.stdout  # scale_up.yml did not run: nothing was converged
+    figures("Kubernetes -> Slurm, joining at boot (rebalance.yml): " + moved_line(res.stdout))
+    wait_for("the GPU job done", lambda: job_state(job)[0] == "COMPLETED", 60)
+    assert job_state(job) == ("COMPLETED", "0:0")
+    out = on(CTL, "scontrol show job %s | grep -o 'NodeList=[^ ]*'" % job).stdout
+    assert "NodeList=%s" % HOST in out
+    assert "host=%s gpus=0" % HOST in on(HOST, "cat /tmp/gpu-%s.out" % job).stdout
+    record = on(CTL, "scontrol show node --oneliner %s" % HOST).stdout
+    assert "Gres=gpu:lab:2 " in record and "AvailableFeatures=gpu" in record, record
+    assert "slurmd started as Slurm node %s" % HOST in on(HOST, "journalctl -t converged-hpc-join --no-pager").stdout
+    assert re.search(r"%s registered [A-Z]+\+DYNAMIC_NORM: scheduling asked through partition\(s\) gpu" % HOST,
+                     on(HOST, "journalctl -t converged-hpc-slurmd-ready --no-pager").stdout)
+    # the gres.conf line was there before: the node's own is the same, the file did not change
+    assert on(CTL, "cat /etc/slurm/gres.conf").stdout == gres
+    assert world.replicas() == (1, 0) and world.side() == SLURM_MD and world.intent() is None

@@ -1,12 +1,14 @@
 """The node-type contract applied to inventories: groups, Slurm names, and every error named."""
 
 import copy
+import re
 
 import pytest
 
 from ansible_collections.converged.hpc.plugins.filter.contract import (
     check_contract,
     contract,
+    expand_hostlist,
     gres_conf,
     gres_types,
     nodesets,
@@ -250,7 +252,7 @@ def test_bad_gres_on_a_node_type_and_gres_outside_compute_fail():
                                        "gres": "gpu:x"}, login={"role": "login", "gres": "gpu:1"})
     errors = check_contract(node_types, PARTITIONS)
     assert any(e.startswith("node type gpu: gres 'gpu:x' is not a GRES") for e in errors)
-    assert any("node type login (role login) names a nodeset, partitions or gres" in e for e in errors)
+    assert any("node type login (role login) names a nodeset, partitions, gres or gres_nodes" in e for e in errors)
 
 
 def test_parse_gres_and_types():
@@ -271,6 +273,47 @@ def test_gres_conf_lines_per_node_with_device_files_or_counts():
     # slurmd finds the GPUs itself (NVML): only the other GRES are spelled out
     assert gres_conf(["m-gpu-1"], hv, devices, autodetect="nvml") == [
         "AutoDetect=nvml", "NodeName=gpu-1 Name=nvme Count=1"]
+
+
+def test_a_hostlist_stands_for_its_names_in_order():
+    assert expand_hostlist("gpu-[01-03,10],spare") == ["gpu-01", "gpu-02", "gpu-03", "gpu-10", "spare"]
+    assert expand_hostlist(["r[1-2]n[8-9]", "x"]) == ["r1n8", "r1n9", "r2n8", "r2n9", "x"]
+    assert expand_hostlist("bm-[9-11]") == ["bm-9", "bm-10", "bm-11"]
+    for bad, said in (("gpu-[01-03", "brackets do not match"), ("gpu-[3-1]", "runs backwards"),
+                      ("gpu-[a-b]", "is not a number"), ("gpu-01,,x", "an empty name"), ("gpu 01", "not a valid"),
+                      ("n[0-99999]", "more than 65536 names")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            expand_hostlist(bad)
+
+
+def test_gres_conf_names_a_node_types_hosts_ahead_and_a_host_that_comes_or_goes_changes_nothing():
+    node_types = {"gpu": {"role": "compute", "gres": "gpu:lab:2", "gres_nodes": "bm-[01-03]"},
+                  "compute": {"role": "compute", "gres_nodes": "cn-[1-9]"}}  # no gres: nothing ahead
+    devices = {"gpu": "/dev/nvidia"}
+    ahead = gres_conf([], {}, devices, node_types=node_types)
+    assert ahead == ["NodeName=bm-%02d Name=gpu Type=lab File=/dev/nvidia[0-1]" % i for i in (1, 2, 3)]
+    # bm-02 joined with the node type's GRES: the same file; with other GRES (its Machine's annotation), its own
+    hv = {"m-x": {"converged_slurm_node_name": "bm-02", "converged_slurm_gres": "gpu:lab:2"},
+          "m-y": {"converged_slurm_node_name": "bm-03", "converged_slurm_gres": "gpu:lab:1"}}
+    assert gres_conf(["m-x"], hv, devices, node_types=node_types) == ahead
+    assert gres_conf(["m-x", "m-y"], hv, devices, node_types=node_types)[2] == "NodeName=bm-03 Name=gpu Type=lab File=/dev/nvidia0"
+    assert gres_conf([], {}, devices, autodetect="nvml", node_types=node_types) == ["AutoDetect=nvml"]
+
+
+def test_gres_nodes_checked_with_the_contract():
+    parts = [{"name": "compute"}, {"name": "gpu"}]
+    base = {"controller": {"role": "controller"},
+            "compute": {"role": "compute", "nodeset": "cs", "partitions": ["compute"]}}
+    bad = dict(base, gpu={"role": "compute", "nodeset": "gs", "partitions": ["gpu"], "gres": "gpu:2",
+                          "gres_nodes": "bm-[01-0x]"})
+    assert any("node type gpu: gres_nodes 'bm-[01-0x]': '01-0x' is not a number" in e for e in check_contract(bad, parts))
+    bare = dict(base, gpu={"role": "compute", "nodeset": "gs", "partitions": ["gpu"], "gres_nodes": "bm-1"})
+    assert any("node type gpu names gres_nodes but declares no gres" in e for e in check_contract(bare, parts))
+    twice = dict(base, gpu={"role": "compute", "nodeset": "gs", "partitions": ["gpu"], "gres": "gpu:2", "gres_nodes": "bm-[1-2]"})
+    twice["compute"] = dict(base["compute"], gres="nvme:1", gres_nodes="bm-2")
+    assert any("node bm-2 is in the gres_nodes of node types compute and gpu" in e for e in check_contract(twice, parts))
+    good = dict(base, gpu={"role": "compute", "nodeset": "gs", "partitions": ["gpu"], "gres": "gpu:2", "gres_nodes": "bm-[1-2]"})
+    assert check_contract(good, parts) == []
 
 
 def test_hosts_come_by_slurm_node_name_so_the_primary_is_the_first_name_not_the_first_machine():

@@ -32,7 +32,27 @@ def test_a_compute_deployment_with_the_hook_joins_with_its_features_and_secret()
                 md("hpc-controller", "controller")], ["hpc-compute"])
     assert out == {"errors": [], "deployments": [{
         "name": "hpc-compute", "namespace": "metal3", "node_type": "compute", "features": ["compute", "ib"],
-        "secret": "hpc-compute-join", "named": False}]}
+        "secret": "hpc-compute-join", "named": False, "gres": "", "devices": []}]}
+
+
+def test_gpu_nodes_join_at_boot_when_their_hosts_are_named_ahead_or_slurmd_finds_the_devices():
+    ahead = dict(NODE_TYPES, gpu=dict(NODE_TYPES["gpu"], gres_nodes="bm-[01-04]"))
+    devices = {"gpu": "/dev/nvidia"}
+    out = join_at_boot_plan([md("hpc-gpu", "gpu")], ["hpc-gpu"], ahead, HOOK, gres_devices=devices)
+    assert out["errors"] == [] and out["deployments"][0]["gres"] == "gpu:a100:4"
+    # the boot checks the device files gres.conf names before slurmd starts
+    assert out["deployments"][0]["devices"] == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3"]
+    # slurmd finds them (NVML): no names needed, no files to check
+    out = plan([md("hpc-gpu", "gpu")], ["hpc-gpu"], gres_devices=devices, gres_autodetect="nvml")
+    assert out["errors"] == [] and out["deployments"][0]["devices"] == []
+    # named ahead with the node type's GRES, but the template declares others: those lines would be wrong
+    other = md("hpc-gpu", "gpu", annotations={HOOK: "converged-hpc", "slurm.converged.hpc/gres": "gpu:a100:8"})
+    out = join_at_boot_plan([other], ["hpc-gpu"], ahead, HOOK, gres_devices=devices)
+    assert out["deployments"] == [] and "with the node type's gres, not the template's gpu:a100:8" in out["errors"][0]
+    # autodetect finds devices, not a GRES counted only (no device prefix): such a GRES needs its hosts named
+    out = plan([md("hpc-x", "compute", annotations={HOOK: "converged-hpc", "slurm.converged.hpc/gres": "nvme:1"})],
+               ["hpc-x"], gres_devices=devices, gres_autodetect="nvml")
+    assert out["deployments"] == [] and "name the hosts ahead (converged_node_types.compute.gres_nodes" in out["errors"][0]
 
 
 def test_a_template_that_names_the_secret_already_is_said_so():
