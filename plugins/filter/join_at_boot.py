@@ -24,7 +24,7 @@ description:
     left out. Its template's node-type must be a node type of role compute; the template must carry our
     deletion hook (Cluster API copies template annotations to each new Machine, so the hook is on the Machine
     before its node can take a job). GRES (the template's annotation, else the node type's) need a node's line
-    in the controllers' gres.conf before slurmd fetches it: they join at boot when the node type names its hosts
+    in the controllers' gres.conf before slurmd fetches it; they join at boot when the node type names its hosts
     ahead (C(gres_nodes), its GRES as the template's) or when slurmd finds every device itself (C(gres_autodetect)
     and a device prefix for each GRES name); otherwise they join through C(scale_up.yml). Identities from a
     directory are configured at boot by the bootstrap data itself (SSSD before slurmd).
