@@ -570,7 +570,13 @@ def test_a_host_unreachable_during_a_reconcile_is_named_and_joined_by_the_next(l
                  key=hostname)
     assert len(new) == 2
     away, other = new
-    on(hostname(away), "systemctl stop ssh.service; systemctl stop ssh.socket 2>/dev/null || true")
+    # booted first: a machine whose systemd is still starting may refuse systemctl (no bus yet) or start
+    # sshd after the stop; the host agent may also create it after its Machine says Provisioned
+    wait_for("%s booted" % hostname(away),
+             lambda: on(hostname(away), "timeout 60 systemctl is-system-running --wait 2>/dev/null",
+                        check=False).stdout.strip() in ("running", "degraded"), 180, poll=2)
+    on(hostname(away), "systemctl stop ssh.socket 2>/dev/null; systemctl stop ssh.service")
+    assert on(hostname(away), "systemctl is-active ssh.service", check=False).stdout.strip() != "active"
     try:  # given 20 s to answer (converged_boot_timeout: a new host's OS may still be booting)
         res = LAB.playbook("reconcile.yml", "converged_boot_timeout=20")
     finally:
