@@ -5,6 +5,7 @@ inventory file it names exists in the project, the webhook templates are the rec
 ones, and bad input fails before any AWX call, naming what is missing."""
 
 import functools
+import glob
 import json
 import os
 import re
@@ -17,7 +18,8 @@ import yaml
 from conftest import COLLECTIONS, REPO, ansible_env
 
 PLAYBOOK = os.path.join(REPO, "playbooks", "awx_configure.yml")
-SECRET_INPUTS = ("kubeconfig", "bearer_token", "ssh_key_data", "munge_key", "ldap_bind_password", "vrrp_password")
+SECRET_INPUTS = ("kubeconfig", "bearer_token", "ssh_key_data", "munge_key", "ldap_bind_password", "vrrp_password",
+                 "accounting_db_password", "jwt_key")
 
 
 class _Loader(yaml.SafeLoader):
@@ -119,7 +121,7 @@ def configure(awx, tmp_path, extra_args=(), **given):
                          env=env, capture_output=True, text=True, check=False, timeout=600)
     text = res.stdout + res.stderr
     for secret in (MUNGE, SSH_KEY.splitlines()[1], "kube-token-for-tests", LDAP, AWX_TOKEN) + \
-            tuple(v for v in given.values() if isinstance(v, str) and len(v) > 12):
+            tuple(v for k, v in given.items() if isinstance(v, str) and len(v) > 12 and k != "converged_awx_site_credentials"):
         assert secret not in text, "a secret reached the output"
     recap = res.stdout.split("PLAY RECAP")[-1]
     configure.requests = awx.requests[asked:]
@@ -212,6 +214,75 @@ def test_job_side_jinja_reaches_the_job_as_written(awx, tmp_path):
                       "slurm_account_db": "{{ lookup('ansible.builtin.env', 'SITE_DB') }}", "converged_ha": True}
 
 
+def test_a_secret_read_by_a_lookup_the_job_runs_is_accepted_and_stored_as_written(awx, tmp_path):
+    # the safe way to read a vault: the job runs the lookup, nothing secret is stored in the template
+    vault = "{{ lookup('community.hashi_vault.vault_kv2_get', 'slurm/db', engine_mount_point='kv').secret.password }}"
+    extra = tmp_path / "extra.yml"
+    extra.write_text("slurm_common_jwt_key: \"{{ query('ansible.builtin.env', 'SITE_JWT') | first }}\"\n")
+    vars_file = tmp_path / "more.yml"
+    vars_file.write_text("converged_awx_extra_vars:\n  slurmdbd_storage_password: !unsafe \"%s\"\n" % vault)
+    res, _recap, _writes = configure(awx, tmp_path, converged_awx_extra_vars_file=str(extra),
+                                     extra_args=["-e", "@" + str(vars_file)])
+    assert res.returncode == 0, res.stdout[-3000:]
+    stored = json.loads(awx.named("job_templates", "converged-hpc site")["extra_vars"])
+    assert stored == {"slurmdbd_storage_password": vault,
+                      "slurm_common_jwt_key": "{{ query('ansible.builtin.env', 'SITE_JWT') | first }}"}
+    # not !unsafe, the lookup runs here and a plain value is left: refused, as is a value in clear
+    vars_file.write_text("converged_awx_extra_vars:\n  slurmdbd_storage_password: \"{{ lookup('ansible.builtin.env', "
+                         "'HOME') }}\"\n  site_token: \"not {{ lookup('ansible.builtin.env', 'HOME') }}\"\n")
+    res, _recap, _writes = configure(awx, tmp_path, extra_args=["-e", "@" + str(vars_file)])
+    text = " ".join(res.stdout.split())
+    assert res.returncode != 0 and configure.requests == [], text[-3000:]
+    assert "slurmdbd_storage_password belongs in converged_awx_accounting_db_password" in text, text[-3000:]
+    assert "site_token belongs in a credential of a custom credential type" in text
+
+
+def test_a_site_credential_is_attached_to_every_template_and_kept(awx, tmp_path):
+    # what a site made itself: a custom type injecting a secret the collection has no type for
+    site_type = awx.handle("POST", "/api/v2/credential_types/", {}, {
+        "name": "site vault", "kind": "cloud", "inputs": {"fields": [{"id": "token", "type": "string", "secret": True}]},
+        "injectors": {"env": {"VAULT_TOKEN": "{{ token }}"}}})[1]
+    awx.handle("POST", "/api/v2/credentials/", {}, {"name": "site vault token", "organization": 1,
+                                                    "credential_type": site_type["id"], "inputs": {"token": "t0k"}})
+    res, _recap, _writes = configure(awx, tmp_path, converged_awx_site_credentials=["site vault token"])
+    assert res.returncode == 0, res.stdout[-3000:]
+    ours = ["converged-hpc LDAP bind password", "converged-hpc machines", "converged-hpc management cluster",
+            "converged-hpc munge key"]
+    templates = [t["name"] for t in awx.objects["job_templates"].values()]
+    assert len(templates) == 7
+    for template in templates:
+        assert awx.associated("job_templates", template, "credentials") == sorted(ours + ["site vault token"])
+    # the second run: nothing written, the site's credential still on every template
+    res, recap, writes = configure(awx, tmp_path, converged_awx_site_credentials=["site vault token"])
+    assert res.returncode == 0 and "changed=0" in recap and writes == [], res.stdout[-4000:]
+    for template in templates:
+        assert "site vault token" in awx.associated("job_templates", template, "credentials")
+    # one AWX does not have, or a bad list: named, nothing written
+    res, _recap, writes = configure(awx, tmp_path, converged_awx_site_credentials=["site vault token", "no such one"])
+    text = " ".join(res.stdout.split())
+    assert res.returncode != 0 and writes == [], text[-3000:]
+    assert "converged_awx_site_credentials names 'no such one', and AWX has 0 credentials of that name" in text
+    assert "site vault token', and AWX" not in text
+    res, _recap, writes = configure(awx, tmp_path, converged_awx_site_credentials="site vault token")
+    assert res.returncode != 0 and configure.requests == [], res.stdout[-3000:]
+    assert "converged_awx_site_credentials is a list of credential names" in " ".join(res.stdout.split())
+
+
+def test_every_secret_a_role_reads_has_a_credential_type():
+    # every option a role's argument specs mark no_log
+    secret_options = set()
+    for spec in glob.glob(os.path.join(REPO, "roles", "*", "meta", "argument_specs.yml")):
+        with open(spec) as fh:
+            for entry in (yaml.safe_load(fh).get("argument_specs") or {}).values():
+                secret_options |= {name for name, option in (entry.get("options") or {}).items()
+                                   if option.get("no_log")}
+    play, _body = tasks()
+    injected = {var for secret in play["vars"]["awx_slurm_secrets"] for var in secret["extra_vars"]}
+    assert secret_options and secret_options <= injected, secret_options - injected
+    assert secret_options <= set(play["vars"]["awx_secret_homes"])
+    assert {s["id"] for s in play["vars"]["awx_slurm_secrets"]} <= set(play["vars"]["awx_rotate_choices"])
+
+
 def test_the_combined_credential_of_earlier_versions_is_removed(awx, tmp_path):
     # what an earlier awx_configure.yml made: one type injecting every secret, empty ones included
     old_type = awx.handle("POST", "/api/v2/credential_types/", {}, {
@@ -230,6 +301,8 @@ def test_the_combined_credential_of_earlier_versions_is_removed(awx, tmp_path):
 # ---- what a job sees of the Slurm secrets, as AWX injects the credentials awx_configure.yml made, run by
 # the real ansible-runner: for each combination of given and absent secrets
 VRRP = "vrrp-pw1"
+DB = "accounting-db-password-for-tests"
+JWT = "4a5b6c7d8e9f0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b"
 SEEN_PLAY = """
 - hosts: all
   gather_facts: false
@@ -239,10 +312,19 @@ SEEN_PLAY = """
         msg: "SEEN {{ {'munge_key': munge_key | default('') | hash('sha256'),
                         'munge_key_source': munge_key_source | default(''),
                         'sssd_ldap_bind_password': sssd_ldap_bind_password | default('') | hash('sha256'),
-                        'keepalived_auth_pass': keepalived_auth_pass | default('') | hash('sha256')} | to_json }}"
+                        'keepalived_auth_pass': keepalived_auth_pass | default('') | hash('sha256'),
+                        'slurmdbd_storage_password': slurmdbd_storage_password | default('') | hash('sha256'),
+                        'slurm_common_jwt_key': slurm_common_jwt_key | default('') | hash('sha256')} | to_json }}"
 """
 INVENTORY_VALUES = {"munge_key_source": "secret", "sssd_ldap_bind_password": "the-inventorys-bind-password",
-                    "keepalived_auth_pass": "inv-vrrp"}
+                    "keepalived_auth_pass": "inv-vrrp", "slurmdbd_storage_password": "the-inventorys-db-password",
+                    "slurm_common_jwt_key": "the-inventorys-jwt-key"}
+# each secret the roles read: its credential type's name, its input, a value, the variable the job gets
+SECRETS = [("munge key", "munge_key", MUNGE, "munge_key"),
+           ("LDAP bind password", "ldap_bind_password", LDAP, "sssd_ldap_bind_password"),
+           ("VRRP password", "vrrp_password", VRRP, "keepalived_auth_pass"),
+           ("accounting database password", "accounting_db_password", DB, "slurmdbd_storage_password"),
+           ("JWT key", "jwt_key", JWT, "slurm_common_jwt_key")]
 
 
 @pytest.fixture(scope="module")
@@ -251,10 +333,12 @@ def secret_types(tmp_path_factory):
     from awx_api import AwxApi
     api = AwxApi(AWX_TOKEN).start()
     try:
-        res, _recap, _writes = configure(api, tmp_path_factory.mktemp("configure"), converged_awx_vrrp_password=VRRP)
+        res, _recap, _writes = configure(api, tmp_path_factory.mktemp("configure"), converged_awx_vrrp_password=VRRP,
+                                         converged_awx_accounting_db_password=DB, converged_awx_jwt_key=JWT)
         assert res.returncode == 0, res.stdout[-3000:]
-        return {name: api.named("credential_types", "converged-hpc " + name)
-                for name in ("munge key", "LDAP bind password", "VRRP password")}
+        assert api.associated("job_templates", "converged-hpc site", "credentials") == sorted(
+            ["converged-hpc machines", "converged-hpc management cluster"] + ["converged-hpc " + n for n, *_ in SECRETS])
+        return {name: api.named("credential_types", "converged-hpc " + name) for name, *_ in SECRETS}
     finally:
         api.stop()
 
@@ -264,9 +348,10 @@ def sha(text):
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-@pytest.mark.parametrize("munge,ldap,vrrp", [(m, l, v) for m in (False, True) for l in (False, True)
-                                             for v in (False, True)])
-def test_a_job_sees_exactly_the_secrets_given(secret_types, tmp_path, munge, ldap, vrrp):
+# none, all, and each alone
+@pytest.mark.parametrize("given", [(), tuple(n for n, *_ in SECRETS)] + [(n,) for n, *_ in SECRETS],
+                         ids=lambda given: "+".join(given) or "none")
+def test_a_job_sees_exactly_the_secrets_given(secret_types, tmp_path, given):
     ansible_runner = pytest.importorskip("ansible_runner")
     from awx_api import inject
     pdd = tmp_path / "pdd"
@@ -277,11 +362,8 @@ def test_a_job_sees_exactly_the_secrets_given(secret_types, tmp_path, munge, lda
             sys.executable, "\n".join("%s=%s" % kv for kv in INVENTORY_VALUES.items())))
     (pdd / "project").mkdir()
     (pdd / "project" / "seen.yml").write_text(SEEN_PLAY)
-    given = {"munge key": ("munge_key", MUNGE) if munge else None,
-             "LDAP bind password": ("ldap_bind_password", LDAP) if ldap else None,
-             "VRRP password": ("vrrp_password", VRRP) if vrrp else None}
     files = [inject(secret_types[name], {field: value}, str(pdd / "env"))
-             for name, pair in given.items() if pair for field, value in [pair]]
+             for name, field, value, _var in SECRETS if name in given]
     run = ansible_runner.run(private_data_dir=str(pdd), playbook="seen.yml", quiet=True, timeout=120,
                              cmdline=" ".join("-e @%s" % f for f in files),
                              envvars={"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "ANSIBLE_NOCOLOR": "1"})
@@ -289,23 +371,22 @@ def test_a_job_sees_exactly_the_secrets_given(secret_types, tmp_path, munge, lda
     assert run.rc == 0, stdout[-3000:]
     line = next(line for line in stdout.splitlines() if '"msg": "SEEN ' in line)
     seen = json.loads(json.loads("{%s}" % line.strip())["msg"][len("SEEN "):])
-    assert seen == {"munge_key": sha(MUNGE if munge else ""),
-                    "munge_key_source": "variable" if munge else INVENTORY_VALUES["munge_key_source"],
-                    "sssd_ldap_bind_password": sha(LDAP if ldap else INVENTORY_VALUES["sssd_ldap_bind_password"]),
-                    "keepalived_auth_pass": sha(VRRP if vrrp else INVENTORY_VALUES["keepalived_auth_pass"])}
+    expected = {var: sha(value if name in given else INVENTORY_VALUES.get(var, "")) for name, _f, value, var in SECRETS}
+    expected["munge_key_source"] = "variable" if "munge key" in given else INVENTORY_VALUES["munge_key_source"]
+    assert seen == expected
     output = stdout
     for root, _dirs, names in os.walk(pdd / "artifacts"):
         for name in names:
             if name != "command":  # runner's record of its command line and environment, which AWX redacts
                 with open(os.path.join(root, name), errors="replace") as fh:
                     output += fh.read()
-    for secret in (MUNGE, LDAP, VRRP):
+    for _name, _field, secret, _var in SECRETS:
         assert secret not in output
 
 
 def test_the_documented_rotations_are_ones_the_playbook_takes():
     with open(PLAYBOOK) as fh:
-        choices = re.search(r"awx_rotate_choices: \[([^\]]*)\]", fh.read()).group(1).replace(" ", "").split(",")
+        choices = re.sub(r"\s", "", re.search(r"awx_rotate_choices: \[([^\]]*)\]", fh.read()).group(1)).split(",")
     with open(os.path.join(REPO, "docs", "awx.md")) as fh:
         docs = fh.read()
     examples = re.findall(r'"converged_awx_rotate": (\[[^\]]*\])', docs)
