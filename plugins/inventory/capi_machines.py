@@ -312,6 +312,8 @@ class _Stream:
                 inventory.remove_host(inventory.hosts[name])
         for name in [g for g in inventory.groups if g not in self.groups_before]:
             inventory.remove_group(inventory.groups[name])
+            if name in inventory.groups:  # ansible-core before 2.19 removes a group by its name
+                inventory.remove_group(name)
         self.pages = []
 
 

@@ -111,7 +111,7 @@ def inventory(server, tmp_path, mode="", **options):
     assert proc.returncode == 0, stderr
     out = json.loads(stdout)
     if mode == "fail":
-        assert "etcd timed out" in stderr, stderr
+        assert "etcd timed out" in " ".join(stderr.split()), stderr  # (wrapped before ansible-core 2.19)
     return out["hosts"], out["groups"], out["seen"]
 
 
@@ -143,7 +143,8 @@ def test_pages_added_as_they_come_give_the_whole_lists_inventory(server, tmp_pat
     hosts, groups, seen = inventory(server, tmp_path, **options)
     assert seen["pages"] >= 5 and seen["finished"] == [True]  # 10 Machines, 2 a page
     assert (hosts, groups) == whole(server, tmp_path, **options)
-    assert hosts["hpc-controller-5c6b9-x7k2p"]["cores"] == 26
+    # (a composed value is the text "26" before ansible-core 2.19, which keeps Jinja's native types)
+    assert int(hosts["hpc-controller-5c6b9-x7k2p"]["cores"]) == 26
     assert "hpc-controller-5c6b9-x7k2p" in groups["ns_metal3"]
 
 
