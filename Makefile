@@ -88,6 +88,12 @@ kube-assets:
 unit: dev-collection kube-assets
 	$(PYTHON) -m pytest -q --durations=10 tests/unit tests/integration tests/kube
 
+## make matrix     on each older ansible-core the collection claims (2.16, 2.17, 2.18; MATRIX="2.16" for one),
+##                 in venvs of their own: the unit tests, sanity's release-dependent tests, a syntax check of
+##                 every playbook (tests/matrix.sh); the releases lab converges on the oldest
+matrix: dev-collection kube-assets
+	tests/matrix.sh $(MATRIX)
+
 ## make lint       ansible-lint (production profile) and ansible-test sanity
 lint: dev-collection
 	ansible-lint --profile production
@@ -126,7 +132,7 @@ E2E_RUN := $(PYTHON) -m pytest -q --durations=8
 # by the command AFTER (if any) in the background (their output in .lab/logs/e2e-elastic.log,
 # e2e-autoscale.log and checks.log, printed at the end) beside the command OTHERS; fails when any fails
 beside = set +e; start=$$(date +%s); \
-	( $(MAKE) -s -k e2e-elastic e2e-two >.lab/logs/e2e-elastic.log 2>&1; rc=$$?; echo $$(( $$(date +%s) - start )) >.lab/logs/e2e-elastic.s; \
+	( $(MAKE) -s -k e2e-elastic e2e-two matrix >.lab/logs/e2e-elastic.log 2>&1; rc=$$?; echo $$(( $$(date +%s) - start )) >.lab/logs/e2e-elastic.s; \
 	  exit $$rc ) & elastic_pid=$$!; \
 	( $(MAKE) -s e2e-autoscale >.lab/logs/e2e-autoscale.log 2>&1; echo $$? >.lab/logs/e2e-autoscale.rc; \
 	  echo $$(( $$(date +%s) - start )) >.lab/logs/e2e-autoscale.s; \
@@ -135,11 +141,11 @@ beside = set +e; start=$$(date +%s); \
 	$(2) 2>&1 | tee .lab/logs/$(1)-others.log; others=$${PIPESTATUS[0]}; others_s=$$(( $$(date +%s) - start )); \
 	wait $$elastic_pid; elastic=$$?; wait $$second_pid; \
 	autoscale=$$(cat .lab/logs/e2e-autoscale.rc); checks=$$(cat .lab/logs/checks.rc); \
-	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)), then the two clusters lab ($(E2E_TWO)):"; cat .lab/logs/e2e-elastic.log; \
+	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)), then the two clusters lab ($(E2E_TWO)), then the ansible-core matrix:"; cat .lab/logs/e2e-elastic.log; \
 	echo "[$(1)] the autoscale lab ($(E2E_AUTOSCALE)):"; cat .lab/logs/e2e-autoscale.log; \
 	$(if $(3),echo "[$(1)] after the autoscale lab$(comma) $(3):"; cat .lab/logs/checks.log;) \
 	echo "[$(1)] what failed (pytest's FAILED/ERROR lines, molecule's failed scenarios), if anything:"; \
-	grep -hE '^(FAILED|ERROR) |CRITICAL|Molecule executed .*failed' .lab/logs/$(1)-others.log .lab/logs/e2e-elastic.log \
+	grep -hE '^(FAILED|ERROR) |CRITICAL|Molecule executed .*failed|^\[matrix\] failed' .lab/logs/$(1)-others.log .lab/logs/e2e-elastic.log \
 	  .lab/logs/e2e-autoscale.log .lab/logs/checks.log 2>/dev/null | cut -c1-300 || true; \
 	echo "[$(1)] exit codes: $(2): $$others, the elastic lab: $$elastic, the autoscale lab: $$autoscale$(if $(3),$(comma) $(3): $$checks)"; \
 	echo "[$(1)] each stream done after (s): $(2): $$others_s, the elastic lab: $$(cat .lab/logs/e2e-elastic.s), the autoscale lab: $$(cat .lab/logs/e2e-autoscale.s)$(if $(3),$(comma) then $(3): $$(cat .lab/logs/checks.s))"; \
@@ -172,8 +178,9 @@ e2e-two: dev-collection images kube-assets
 
 ## make test       everything CI runs (installs what is missing first): the real servers (make
 ##                 kube-assets, CPU) built while the lab images build (mostly downloads), then three
-##                 streams at once: the elastic lab, then the two clusters lab; the autoscale lab, then pytest,
-##                 lint and sanity, then the Slurm 22.05 lab and the shared pool lab; the molecule scenarios, then
+##                 streams at once: the elastic lab, then the two clusters lab, then the ansible-core matrix;
+##                 the autoscale lab, then pytest, lint and sanity, then the Slurm 22.05 lab (on the oldest
+##                 ansible-core) and the shared pool lab; the molecule scenarios, then
 ##                 the other labs (the first two streams' output is printed at the end, and kept in .lab/logs/). The cluster
 ##                 scenario on 22.05 (make molecule-22.05) is not in it: the 22.05 lab converges, validates and
 ##                 converges again with nothing changed, on the same release

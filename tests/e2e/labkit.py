@@ -20,6 +20,22 @@ def wait_for(what, cond, timeout, poll=1.0, explain=None):
         time.sleep(poll)
 
 
+def oldest_ansible_core():
+    """The oldest ansible-core release the collection claims (meta/runtime.yml's requires_ansible), e.g. "2.16"."""
+    with open(os.path.join(REPO, "meta", "runtime.yml")) as fh:
+        found = re.search(r"requires_ansible:\s*[\"']?>=\s*(\d+\.\d+)", fh.read())
+    assert found, "meta/runtime.yml names no oldest ansible-core (requires_ansible: \">=2.x\")"
+    return found.group(1)
+
+
+def ansible_core_path(version):
+    """A PATH whose ansible-playbook is ansible-core version's (tests/ansible_core.sh makes its venv once)."""
+    proc = subprocess.run([os.path.join(REPO, "tests", "ansible_core.sh"), version], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, "no venv with ansible-core %s: %s" % (version, proc.stderr[-2000:])
+    return proc.stdout.strip() + os.pathsep + os.environ.get("PATH", "")
+
+
 class Lab:
     def __init__(self, name, subnet_prefix, api_port, state, **settings):
         self.state = os.path.join(REPO, state)

@@ -4,7 +4,10 @@ nothing, a scale 1 -> 2 -> 1 with a job running on the leaving node (COMPLETED 0
 controller's machine reprovisioned with the Debian 13 image (Slurm 24.11, the way a Cluster API
 template rolled to a new image replaces a host) while a job runs: site.yml refuses before any change,
 naming both releases and the ways out; the job runs on, the compute node's slurmd is untouched, the
-new controller's slurmctld is not started."""
+new controller's slurmctld is not started. Every playbook here runs on the oldest ansible-core the collection
+claims (meta/runtime.yml; a venv of tests/ansible_core.sh): the oldest Slurm and the oldest Ansible together, as
+a site with an older execution environment runs them (tests/matrix.sh runs the unit and sanity tests on each
+release)."""
 
 import os
 import re
@@ -12,7 +15,7 @@ import re
 import pytest
 from kubernetes import client, config
 
-from labkit import Lab, has_podman, wait_for
+from labkit import Lab, ansible_core_path, has_podman, oldest_ansible_core, wait_for
 
 # two compute hosts: the scale-up claims the second
 LAB = Lab("rlab", "10.89.92", 16492, ".lab/e2e-releases", LAB_SUITE="bookworm", LAB_COMPUTE="1",
@@ -28,6 +31,7 @@ pytestmark = pytest.mark.skipif(not has_podman(), reason="needs podman")
 
 @pytest.fixture(scope="module")
 def lab():
+    LAB.env["PATH"] = ansible_core_path(oldest_ansible_core())
     LAB.up()
     api = config.new_client_from_config(os.path.join(LAB.state, "capi", "kubeconfig"))
     yield client.CustomObjectsApi(api)
@@ -44,6 +48,8 @@ def slurm_nodes():
 
 
 def test_slurm_2205_converges_and_validates(lab):
+    # on the oldest ansible-core claimed
+    assert "[core %s." % oldest_ansible_core() in LAB.sh("ansible-playbook", "--version").stdout
     assert LAB.slurm_release(CTL) == "22.05" and LAB.slurm_release(CN1) == "22.05"
     log = open(os.path.join(LAB.state, "logs", "validate.log")).read()
     assert "REST: slurmrestd v0.0.38" in log and "a wrong token refused (500)" in log, log[-3000:]

@@ -79,3 +79,22 @@ def test_the_construct_that_older_releases_refuse_is_found(text):
     with pytest.raises(jinja2.TemplateSyntaxError):
         jinja2.Environment().parse("{%% if %s %%} True {%% else %%} False {%% endif %%}" % text)
 
+
+def test_the_releases_claimed_are_the_releases_tested():
+    """meta/runtime.yml's oldest, the execution environment's range and the matrix's releases agree: every
+    release from the oldest claimed to the test bed's own is tested, and the EE takes no other."""
+    import re
+
+    import ansible.release
+
+    with open(os.path.join(REPO, "meta", "runtime.yml")) as fh:
+        oldest = re.search(r"requires_ansible:\s*[\"']?>=\s*2\.(\d+)", fh.read()).group(1)
+    with open(os.path.join(REPO, "execution-environment.yml")) as fh:
+        core = yaml.safe_load(fh)["dependencies"]["ansible_core"]["package_pip"]
+    with open(os.path.join(REPO, "tests", "matrix.sh")) as fh:
+        matrix = re.search(r"versions=\(([0-9. ]+)\)", fh.read()).group(1).split()
+    newest = ansible.release.__version__.split(".")[1]
+    if not os.environ.get("CONVERGED_MATRIX"):  # (in the matrix, this runs on an older release)
+        assert core == "ansible-core>=2.%s,<2.%d" % (oldest, int(newest) + 1), core
+        assert matrix == ["2.%d" % minor for minor in range(int(oldest), int(newest))], matrix
+    assert matrix[0] == "2." + oldest

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# tests/matrix.sh [VERSION...]: the collection on each ansible-core release meta/runtime.yml claims besides the
+# test bed's own (2.19, which runs everything else): 2.16, 2.17 and 2.18 unless named. On each, in a venv of its
+# own (tests/ansible_core.sh): the unit tests (pytest tests/unit, the plugins and filters on that release's
+# Ansible), ansible-test sanity's tests that depend on the release (ansible-doc, compile, import,
+# runtime-metadata, validate-modules) and a syntax check of every playbook. The oldest also converges a lab:
+# tests/e2e/test_releases.py. Prints one line per release and step, and fails when any step failed.
+set -uo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$repo"
+versions=("$@")
+(( ${#versions[@]} )) || versions=(2.16 2.17 2.18)
+mkdir -p .lab/logs
+failed=()
+step() {  # step VERSION NAME COMMAND...: runs it on that release, its output in .lab/logs/matrix-VERSION-NAME.log
+  local version="$1" name="$2" log=".lab/logs/matrix-$1-$2.log" start rc
+  shift 2
+  start=$(date +%s)
+  PATH="$bin:$PATH" CONVERGED_MATRIX="$version" "$@" >"$log" 2>&1
+  rc=$?
+  printf '[matrix] ansible-core %s  %-10s %s (%d s)\n' "$version" "$name" \
+    "$([[ $rc -eq 0 ]] && echo passed || echo "FAILED (exit $rc, $log)")" $(( $(date +%s) - start ))
+  if (( rc )); then failed+=("$version $name"); tail -n 40 "$log" | sed 's/^/  | /'; fi
+}
+for version in "${versions[@]}"; do
+  if ! bin="$(tests/ansible_core.sh "$version")"; then
+    failed+=("$version venv"); continue
+  fi
+  echo "[matrix] $("$bin/ansible" --version | head -n1) ($bin)"
+  step "$version" unit python3 -m pytest -q -p no:cacheprovider tests/unit
+  step "$version" sanity env SANITY_TESTS="ansible-doc compile import runtime-metadata validate-modules" tests/sanity.sh
+  step "$version" syntax ansible-playbook --syntax-check -i localhost, playbooks/*.yml
+done
+if (( ${#failed[@]} )); then
+  echo "[matrix] failed: $(IFS=,; echo "${failed[*]}")"
+  exit 1
+fi
+echo "[matrix] every step passed on ansible-core ${versions[*]}"
