@@ -186,6 +186,13 @@ from dataclasses import asdict
 
 from ansible.errors import AnsibleError, AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
+from ansible.utils.unsafe_proxy import wrap_var
+
+try:  # ansible-core 2.19 and later: what an inventory plugin gives is never a template unless it says so
+    from ansible.template import trust_as_template  # noqa: F401  pylint: disable=unused-import
+    UNTRUSTED_BY_DEFAULT = True
+except ImportError:  # before: a value is templated when a task reads it, unless marked unsafe
+    UNTRUSTED_BY_DEFAULT = False
 
 from ansible_collections.converged.hpc.plugins.module_utils.capi_client import (
     AUTH_OPTIONS,
@@ -479,6 +486,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         strict = self.get_option("strict")
         compose, composed, keyed = self.get_option("compose"), self.get_option("groups"), self.get_option("keyed_groups")
         for host, hostvars in hosts.items():
+            # what a Machine or a host carries (an annotation anyone who may edit it wrote) is data: never
+            # rendered where the playbooks run, on any release
+            hostvars = hostvars if UNTRUSTED_BY_DEFAULT else wrap_var(hostvars)
             self.inventory.add_host(host)
             for key, value in hostvars.items():
                 self.inventory.set_variable(host, key, value)
