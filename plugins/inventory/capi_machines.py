@@ -107,6 +107,8 @@ options:
         MachineSet (C(<deployment>-<hash>-<random>)); C(hostname) names them as the hosts and Slurm know them.
       - When Machines of several namespaces would share a host name, the one created first keeps it and the
         others are named C(<namespace>_<name>), with a warning, so a new Machine never renames an existing host.
+      - A name that is no valid host name (RFC 1123; whoever may edit a BareMetalHost's hardware details writes
+        the C(hostname) one) skips its Machine, with a warning naming both.
     type: str
     choices: [machine, node, hostname]
     default: machine

@@ -30,6 +30,11 @@ CLUSTER_LABEL = "cluster.x-k8s.io/cluster-name"
 BMH_ANNOTATION = "metal3.io/BareMetalHost"
 INFRA_GROUP = "infrastructure.cluster.x-k8s.io"
 _GROUP_OK = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# a host name (RFC 1123): what a Machine's Hostname address (copied by CAPM3 from the host's hardware
+# details, which whoever may edit a BareMetalHost can write) must be to name a host; the others are
+# Kubernetes object names, which the API server checked
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_OK = re.compile(r"^%s(?:\.%s)*$" % (_HOST_LABEL, _HOST_LABEL))
 # hostvars "lean": what the roles, playbooks and filters of this collection read (docs/inventory.md)
 LEAN_KEYS = ("name", "namespace", "api_version", "cluster", "phase", "node_type", "labels", "annotations",
              "deleting", "machine_deployment", "machine_pool", "hostname", "cpus", "ram_mib")
@@ -239,6 +244,12 @@ def build(objects, opts):
             continue
         node_ref = (status.get("nodeRef") or {}).get("name")
         name = _base_name(machine, opts)
+        if not isinstance(name, str) or len(name) > 253 or not _HOST_OK.fullmatch(name):
+            shown = repr(name if not isinstance(name, str) or len(name) <= 80 else name[:80] + "...")
+            inv.skipped[ident] = "no valid host name"
+            inv.warnings.append("Machine %s skipped: its host name %s (host_naming: %s) is not a valid host name"
+                                % (ident, shown, opts.host_naming))
+            continue
         if firsts.get(name) != ident or name in inv.hosts:
             qualified = "%s_%s" % (meta.get("namespace"), name)
             inv.warnings.append("Machine %s: host name %s belongs to the older Machine %s, using %s"

@@ -1,6 +1,7 @@
 """The pure mapping from recorded Cluster API / Metal3 objects to hosts and groups."""
 
 import copy
+import re
 
 import pytest
 
@@ -292,3 +293,86 @@ def test_pages_do_not_map_alone_when_a_name_or_a_deployment_is_shared():
     node = copy.deepcopy(other)
     node["metadata"]["labels"] = {k: v for k, v in node["metadata"]["labels"].items() if "deployment" not in k}
     assert pages_map_alone(machines + [node], MappingOptions())
+
+
+HOSTILE_NAMES = ["{{ lookup('ansible.builtin.pipe', 'id') }}", "cn 01", "cn-01;reboot", "", "-cn01", "cn01-",
+                 "a" * 64, "cn..01", "../etc/passwd", "cn\u00fc01", "cn01\n", "x" * 300]
+
+
+@pytest.mark.parametrize("hostname", HOSTILE_NAMES)
+def test_a_host_name_that_is_no_host_name_skips_its_machine_naming_it(hostname):
+    # host_naming hostname takes the Machine's Hostname address, which CAPM3 copies from the host's hardware
+    # details: whoever may edit a BareMetalHost (its hardwaredetails annotation) writes it
+    objects = copy.deepcopy(v1beta2_with_metal3())
+    machine = next(m for m in objects["machines"] if m["metadata"]["name"] == "hpc-compute-7d9f8-abcde")
+    for address in machine["status"]["addresses"]:
+        if address["type"] == "Hostname":
+            address["address"] = hostname
+    inv = build(objects, MappingOptions(host_naming="hostname"))
+    if hostname:
+        assert "metal3/hpc-compute-7d9f8-abcde" in inv.skipped
+        assert not any(hostname in h for h in inv.hosts)
+        warning = next(w for w in inv.warnings if "hpc-compute-7d9f8-abcde" in w)
+        assert "is not a valid host name" in warning and "(host_naming: hostname)" in warning
+        assert len(warning) < 300
+    else:  # an empty Hostname address is no Hostname: the Machine's name, as before
+        assert "hpc-compute-7d9f8-abcde" in inv.hosts
+    assert len(inv.hosts) >= 5  # the others are mapped as ever
+
+
+@pytest.mark.parametrize("hostname", ["CN01", "cn-01.hpc.example.org", "a" * 63, "7", "cn01"])
+def test_host_names_of_any_valid_form_are_taken(hostname):
+    objects = copy.deepcopy(v1beta2_with_metal3())
+    machine = next(m for m in objects["machines"] if m["metadata"]["name"] == "hpc-compute-7d9f8-abcde")
+    for address in machine["status"]["addresses"]:
+        if address["type"] == "Hostname":
+            address["address"] = hostname
+    assert hostname in build(objects, MappingOptions(host_naming="hostname")).hosts
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_objects_with_fields_missing_or_hostile_text_map_or_skip_never_crash(seed):
+    """Seeded: fields the API allows to be absent dropped at random, and text values replaced with hostile
+    text (a template, huge, control characters); the API server's schema keeps the types. Every Machine is
+    mapped or skipped with its name, and whatever is mapped has a valid host name."""
+    import random
+
+    rnd = random.Random(seed)
+    hostile = ["{{ lookup('ansible.builtin.pipe', 'id') }}", "x" * 5000, "a\nb\tc", "\u202eevil", "$(reboot)", ""]
+    objects = copy.deepcopy(v1beta2_with_metal3())
+
+    # what the API server validates keeps its form: object names, namespaces, uids, timestamps, label values,
+    # owner references; the rest (status, spec, annotations) is text anyone with write access chose
+    checked = {"name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "labels", "ownerReferences",
+               "apiVersion", "kind", "resourceVersion", "generation"}
+
+    def mutate(node, path):
+        if isinstance(node, dict):
+            for key in list(node):
+                roll = rnd.random()
+                if path[:1] == ("metadata",) and key in checked:
+                    if key == "labels" and roll < 0.2 and node[key]:
+                        del node[key][rnd.choice(sorted(node[key]))]
+                    continue
+                if path == () and key in ("metadata", "apiVersion", "kind"):
+                    mutate(node[key], (key,))
+                elif roll < 0.08:
+                    del node[key]
+                elif roll < 0.16 and isinstance(node[key], str):
+                    node[key] = rnd.choice(hostile)
+                else:
+                    mutate(node[key], path + (key,))
+        elif isinstance(node, list):
+            for item in node:
+                mutate(item, path)
+
+    for kind in objects.values():
+        for obj in kind:
+            mutate(obj, ())
+    for naming in ("machine", "node", "hostname"):
+        inv = build(copy.deepcopy(objects), MappingOptions(host_naming=naming, hostvars=rnd.choice(["lean", "full"])))
+        assert len(inv.hosts) + len(inv.skipped) <= len(objects["machines"])
+        for host in inv.hosts:
+            assert re.fullmatch(r"[A-Za-z0-9_.-]+", host) and len(host) <= 253 + 64, host
+        for group in inv.groups:
+            assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", group), group
