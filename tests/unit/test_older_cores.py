@@ -5,7 +5,9 @@ a conditional as an expression and takes it; a site's execution environment on 2
 The matrix (tests/matrix.sh) runs the rest on each release."""
 
 import os
+import re
 
+import ansible.release
 import jinja2
 import pytest
 import yaml
@@ -83,10 +85,6 @@ def test_the_construct_that_older_releases_refuse_is_found(text):
 def test_the_releases_claimed_are_the_releases_tested():
     """meta/runtime.yml's oldest, the execution environment's range and the matrix's releases agree: every
     release from the oldest claimed to the test bed's own is tested, and the EE takes no other."""
-    import re
-
-    import ansible.release
-
     with open(os.path.join(REPO, "meta", "runtime.yml")) as fh:
         oldest = re.search(r"requires_ansible:\s*[\"']?>=\s*2\.(\d+)", fh.read()).group(1)
     with open(os.path.join(REPO, "execution-environment.yml")) as fh:

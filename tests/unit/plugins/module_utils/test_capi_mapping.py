@@ -299,15 +299,21 @@ HOSTILE_NAMES = ["{{ lookup('ansible.builtin.pipe', 'id') }}", "cn 01", "cn-01;r
                  "a" * 64, "cn..01", "../etc/passwd", "cn\u00fc01", "cn01\n", "x" * 300]
 
 
-@pytest.mark.parametrize("hostname", HOSTILE_NAMES)
-def test_a_host_name_that_is_no_host_name_skips_its_machine_naming_it(hostname):
-    # host_naming hostname takes the Machine's Hostname address, which CAPM3 copies from the host's hardware
-    # details: whoever may edit a BareMetalHost (its hardwaredetails annotation) writes it
+def with_hostname(hostname):
+    """The recorded objects, hpc-compute-7d9f8-abcde's Hostname address made hostname."""
     objects = copy.deepcopy(v1beta2_with_metal3())
     machine = next(m for m in objects["machines"] if m["metadata"]["name"] == "hpc-compute-7d9f8-abcde")
     for address in machine["status"]["addresses"]:
         if address["type"] == "Hostname":
             address["address"] = hostname
+    return objects
+
+
+@pytest.mark.parametrize("hostname", HOSTILE_NAMES)
+def test_a_host_name_that_is_no_host_name_skips_its_machine_naming_it(hostname):
+    # host_naming hostname takes the Machine's Hostname address, which CAPM3 copies from the host's hardware
+    # details: whoever may edit a BareMetalHost (its hardwaredetails annotation) writes it
+    objects = with_hostname(hostname)
     inv = build(objects, MappingOptions(host_naming="hostname"))
     if hostname:
         assert "metal3/hpc-compute-7d9f8-abcde" in inv.skipped
@@ -322,11 +328,7 @@ def test_a_host_name_that_is_no_host_name_skips_its_machine_naming_it(hostname):
 
 @pytest.mark.parametrize("hostname", ["CN01", "cn-01.hpc.example.org", "a" * 63, "7", "cn01"])
 def test_host_names_of_any_valid_form_are_taken(hostname):
-    objects = copy.deepcopy(v1beta2_with_metal3())
-    machine = next(m for m in objects["machines"] if m["metadata"]["name"] == "hpc-compute-7d9f8-abcde")
-    for address in machine["status"]["addresses"]:
-        if address["type"] == "Hostname":
-            address["address"] = hostname
+    objects = with_hostname(hostname)
     assert hostname in build(objects, MappingOptions(host_naming="hostname")).hosts
 
 
