@@ -144,8 +144,8 @@ beside = set +e; start=$$(date +%s); \
 	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)), then the two clusters lab ($(E2E_TWO)), then the ansible-core matrix:"; cat .lab/logs/e2e-elastic.log; \
 	echo "[$(1)] the autoscale lab ($(E2E_AUTOSCALE)):"; cat .lab/logs/e2e-autoscale.log; \
 	$(if $(3),echo "[$(1)] after the autoscale lab$(comma) $(3):"; cat .lab/logs/checks.log;) \
-	echo "[$(1)] what failed (pytest's FAILED/ERROR lines, molecule's failed scenarios), if anything:"; \
-	grep -hE '^(FAILED|ERROR) |CRITICAL|Molecule executed .*failed|^\[matrix\] failed' .lab/logs/$(1)-others.log .lab/logs/e2e-elastic.log \
+	echo "[$(1)] what failed (pytest's FAILED/ERROR lines, ansible-test's and ansible-lint's errors, molecule's failed scenarios), if anything:"; \
+	grep -hE '^(FAILED|ERROR) |^(ERROR|FATAL): |Failed.{0,8}: [0-9]+ failure|CRITICAL|Molecule executed .*failed|^\[matrix\] failed' .lab/logs/$(1)-others.log .lab/logs/e2e-elastic.log \
 	  .lab/logs/e2e-autoscale.log .lab/logs/checks.log 2>/dev/null | cut -c1-300 || true; \
 	echo "[$(1)] exit codes: $(2): $$others, the elastic lab: $$elastic, the autoscale lab: $$autoscale$(if $(3),$(comma) $(3): $$checks)"; \
 	echo "[$(1)] each stream done after (s): $(2): $$others_s, the elastic lab: $$(cat .lab/logs/e2e-elastic.s), the autoscale lab: $$(cat .lab/logs/e2e-autoscale.s)$(if $(3),$(comma) then $(3): $$(cat .lab/logs/checks.s))"; \

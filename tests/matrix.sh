@@ -27,7 +27,9 @@ for version in "${versions[@]}"; do
   if ! bin="$(tests/ansible_core.sh "$version")"; then
     failed+=("$version venv"); continue
   fi
-  echo "[matrix] $("$bin/ansible" --version | head -n1) ($bin)"
+  # (its first line, not through head: ansible dies of a broken pipe when head leaves before it is done)
+  about="$("$bin/ansible" --version 2>&1)"
+  echo "[matrix] ${about%%$'\n'*} ($bin)"
   step "$version" unit python3 -m pytest -q -p no:cacheprovider tests/unit --ignore tests/unit/plugins/test_event_source.py \
     --ignore tests/unit/plugins/test_tick_source.py --ignore tests/unit/plugins/module_utils/test_capi_client.py
   step "$version" sanity env SANITY_TESTS="ansible-doc compile import runtime-metadata validate-modules" tests/sanity.sh

@@ -25,6 +25,11 @@ py="$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 pip_version="$(python3 -c 'import re, ansible_test._internal.python_requirements as r
 print(getattr(r, "PIP_VERSION", None) or re.search(r"pip=.([0-9.]+).", open(r.__file__).read()).group(1))' \
   2>/dev/null || echo 24.2)"
+# one ansible-test at a time on this machine: the matrix's and make lint's may meet in make test, and would
+# write the same venvs and pip stand-in at once
+mkdir -p "$HOME/.ansible/test"
+exec 8>"$HOME/.ansible/test/.converged-sanity.lock"
+flock 8
 cache="$HOME/.ansible/test/cache/get_pip_${pip_version//./_}.py"
 if [[ ! -f "$cache" ]] || ! grep -q converged.hpc "$cache"; then
   mkdir -p "$(dirname "$cache")"

@@ -325,6 +325,7 @@ SECRETS = [("munge key", "munge_key", MUNGE, "munge_key"),
            ("VRRP password", "vrrp_password", VRRP, "keepalived_auth_pass"),
            ("accounting database password", "accounting_db_password", DB, "slurmdbd_storage_password"),
            ("JWT key", "jwt_key", JWT, "slurm_common_jwt_key")]
+SECRET_NAMES = [secret[0] for secret in SECRETS]
 
 
 @pytest.fixture(scope="module")
@@ -337,8 +338,8 @@ def secret_types(tmp_path_factory):
                                          converged_awx_accounting_db_password=DB, converged_awx_jwt_key=JWT)
         assert res.returncode == 0, res.stdout[-3000:]
         assert api.associated("job_templates", "converged-hpc site", "credentials") == sorted(
-            ["converged-hpc machines", "converged-hpc management cluster"] + ["converged-hpc " + n for n, *_ in SECRETS])
-        return {name: api.named("credential_types", "converged-hpc " + name) for name, *_ in SECRETS}
+            ["converged-hpc machines", "converged-hpc management cluster"] + ["converged-hpc " + n for n in SECRET_NAMES])
+        return {name: api.named("credential_types", "converged-hpc " + name) for name in SECRET_NAMES}
     finally:
         api.stop()
 
@@ -349,7 +350,7 @@ def sha(text):
 
 
 # none, all, and each alone
-@pytest.mark.parametrize("given", [(), tuple(n for n, *_ in SECRETS)] + [(n,) for n, *_ in SECRETS],
+@pytest.mark.parametrize("given", [(), tuple(SECRET_NAMES)] + [(n,) for n in SECRET_NAMES],
                          ids=lambda given: "+".join(given) or "none")
 def test_a_job_sees_exactly_the_secrets_given(secret_types, tmp_path, given):
     ansible_runner = pytest.importorskip("ansible_runner")
