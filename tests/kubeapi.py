@@ -47,9 +47,24 @@ MARKER_TOKEN = "marker-token-for-tests"
 MARKER_RULES = [{"apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"], "verbs": ["get", "list", "patch"]},
                 {"apiGroups": ["cluster.x-k8s.io"], "resources": ["machinedeployments", "machinedeployments/scale"],
                  "verbs": ["get"]}]
+# the collection's own roles (rbac/*.yml, what a site grants each part): a token each, with exactly that role
+RBAC_DIR = os.path.normpath(os.path.join(HERE, "..", "rbac"))
+
+
+def collection_role(name):
+    """The rules of the collection's ClusterRole converged-hpc-NAME, as rbac/NAME.yml ships them."""
+    with open(os.path.join(RBAC_DIR, name + ".yml")) as fh:
+        role = next(doc for doc in yaml.safe_load_all(fh) if doc and doc.get("kind") == "ClusterRole")
+    assert role["metadata"]["name"] == "converged-hpc-" + name, role["metadata"]["name"]
+    return role["rules"]
+
+
+# the inventory plugin's and the event source's token: rbac/inventory.yml
+INVENTORY_TOKEN = "inventory-token-for-tests"
 # user, group and rules of each token with a role (the admin is system:masters, nobody has none)
 ROLES = {READONLY_TOKEN: ("machine-reader", "inventory-readers", READER_RULES),
-         MARKER_TOKEN: ("marker", "markers", MARKER_RULES)}
+         MARKER_TOKEN: ("marker", "markers", MARKER_RULES),
+         INVENTORY_TOKEN: ("converged-hpc-inventory", "converged-hpc-inventory", collection_role("inventory"))}
 
 
 def assets():
@@ -404,6 +419,22 @@ class KubeApiServer:
                 out.append((event["verb"], url.path, dict(urllib.parse.parse_qsl(url.query))))
         return out
 
+    def answered(self, user):
+        """What user was answered, from the audit log: (verb, API group, resource, code) of each request on a
+        resource (discovery and other non-resource paths left out), in order; the resource with its
+        subresource ("machinedeployments/scale")."""
+        out = []
+        with open(self.audit_log) as fh:
+            for line in fh:
+                event = json.loads(line)
+                ref = event.get("objectRef")
+                if event.get("stage") != "ResponseComplete" or event["user"].get("username") != user or not ref:
+                    continue
+                resource = ref["resource"] + ("/" + ref["subresource"] if ref.get("subresource") else "")
+                out.append((event["verb"], ref.get("apiGroup", ""), resource,
+                            (event.get("responseStatus") or {}).get("code")))
+        return out
+
     def compact(self):
         """Compact etcd after a write (what kube-apiserver does every 5 minutes): every resourceVersion
         given so far and the continue tokens made at them are gone once the watch cache no longer holds
@@ -485,8 +516,10 @@ class KubeApiServer:
 
     def _rbac(self, api):
         for _token, (user, group, rules) in sorted(ROLES.items()):
-            # the reader's role has the recorded server's name (objects.yaml makes it too)
-            name = "capi-machine-reader" if user == "machine-reader" else "converged-hpc-test-" + user
+            # the reader's role has the recorded server's name (objects.yaml makes it too), the collection's
+            # roles their own (rbac/*.yml)
+            name = "capi-machine-reader" if user == "machine-reader" \
+                else user if user.startswith("converged-hpc-") else "converged-hpc-test-" + user
             api.ok("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
                 "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
                 "metadata": {"name": name}, "rules": rules})
