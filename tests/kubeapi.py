@@ -61,10 +61,13 @@ def collection_role(name):
 
 # the inventory plugin's and the event source's token: rbac/inventory.yml
 INVENTORY_TOKEN = "inventory-token-for-tests"
+# the lifecycle playbooks' token: rbac/lifecycle.yml with rbac/inventory.yml (their inventory is the plugin)
+LIFECYCLE_TOKEN = "lifecycle-token-for-tests"
 # user, group and rules of each token with a role (the admin is system:masters, nobody has none)
 ROLES = {READONLY_TOKEN: ("machine-reader", "inventory-readers", READER_RULES),
          MARKER_TOKEN: ("marker", "markers", MARKER_RULES),
-         INVENTORY_TOKEN: ("converged-hpc-inventory", "converged-hpc-inventory", collection_role("inventory"))}
+         INVENTORY_TOKEN: ("inventory-part", "inventory-parts", collection_role("inventory")),
+         LIFECYCLE_TOKEN: ("lifecycle-part", "lifecycle-parts", collection_role("inventory") + collection_role("lifecycle"))}
 
 
 def assets():
@@ -516,10 +519,8 @@ class KubeApiServer:
 
     def _rbac(self, api):
         for _token, (user, group, rules) in sorted(ROLES.items()):
-            # the reader's role has the recorded server's name (objects.yaml makes it too), the collection's
-            # roles their own (rbac/*.yml)
-            name = "capi-machine-reader" if user == "machine-reader" \
-                else user if user.startswith("converged-hpc-") else "converged-hpc-test-" + user
+            # the reader's role has the recorded server's name (objects.yaml makes it too)
+            name = "capi-machine-reader" if user == "machine-reader" else "converged-hpc-test-" + user
             api.ok("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
                 "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
                 "metadata": {"name": name}, "rules": rules})

@@ -4,7 +4,10 @@ a bug in the role or in the collection), and every rule of the role used by some
 uses is one a site grants for nothing).
 
 rbac/inventory.yml (converged-hpc-inventory): the inventory plugin, its Metal3 hosts included
-(metal3=always), and the event source, its list and its watch."""
+(metal3=always), and the event source, its list and its watch. rbac/lifecycle.yml (converged-hpc-lifecycle,
+with the inventory's role): what scale_up.yml, scale_down.yml and reconcile.yml do in the management
+cluster, through their own task files: the run's Lease taken and given back, the munge key read from its
+Secret, the hook put on a new Machine and released from a leaving one."""
 
 import json
 import subprocess
@@ -14,7 +17,10 @@ import pytest
 import yaml
 
 import kubeapi
-from conftest import INVENTORY_TOKEN, ansible_env, make_machine, reasons, recorded, run_source
+from conftest import HOOK, INVENTORY_TOKEN, LIFECYCLE_TOKEN, REPO, ansible_env, make_machine, reasons, recorded, \
+    run_source
+
+API = "cluster.x-k8s.io/v1beta2"
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +88,104 @@ def test_the_inventory_role_is_all_used_and_never_refused(inventory_part):
     used = {(verb, group, resource) for verb, group, resource, _code in answered}
     unused = rule_grants(kubeapi.collection_role("inventory")) - used
     assert not unused, "granted by rbac/inventory.yml but used by no request: %s" % sorted(unused)
+
+
+LIFECYCLE_PLAY = """
+- name: The run's start, as the lifecycle playbooks begin
+  hosts: localhost
+  gather_facts: false
+  vars_files: [{repo}/playbooks/vars/lifecycle.yml]
+  vars:
+    converged_lease_namespace: {ns}
+  tasks:
+    - name: Take the run's Lease
+      ansible.builtin.include_tasks: {repo}/playbooks/tasks/lease.yml
+      vars:
+        lease_action: acquired
+
+    - name: Read the munge key from its Secret, as the munge role's preflight does
+      ansible.builtin.set_fact:
+        munge_secret_found: "{{{{ lookup('converged.hpc.k8s_secret', 'munge-key', namespace='{ns}') | length > 0 }}}}"
+
+    - name: Hold the new Machines, as scale_up.yml does
+      ansible.builtin.import_tasks: {repo}/playbooks/tasks/hold_machine.yml
+      vars:
+        hold_machine_hosts: >-
+          {{{{ groups['compute'] | default([]) | map('extract', hostvars) | rejectattr('capi.deleting')
+             | map(attribute='inventory_hostname') | list }}}}
+
+    - name: Say what was found and held
+      ansible.builtin.debug:
+        msg: "munge key Secret found: {{{{ munge_secret_found }}}}; not held: {{{{ hold_machine_errors | join('; ') or 'none' }}}}"
+
+- name: The leaving Machines, as scale_down.yml ends
+  hosts: capi_deleting
+  gather_facts: false
+  vars_files: [{repo}/playbooks/vars/lifecycle.yml]
+  tasks:
+    - name: Release the hook
+      ansible.builtin.include_tasks: {repo}/playbooks/tasks/release_machine.yml
+      vars:
+        scale_down_done: its node is out of Slurm
+
+- name: The run's end
+  hosts: localhost
+  gather_facts: false
+  vars_files: [{repo}/playbooks/vars/lifecycle.yml]
+  vars:
+    converged_lease_namespace: {ns}
+  tasks:
+    - name: Give the run's Lease back
+      ansible.builtin.include_tasks: {repo}/playbooks/tasks/lease.yml
+      vars:
+        lease_action: released
+"""
+
+
+@pytest.fixture(scope="module")
+def lifecycle_part(server, tmp_path_factory):
+    """The lifecycle playbooks' tasks run once with the lifecycle token (both roles), on a namespace holding a
+    new Machine, a leaving one (deleted, held by our hook) and the munge key's Secret."""
+    tmp = tmp_path_factory.mktemp("lifecycle-part")
+    ns = "rbac-lifecycle"
+    api = server.api()
+    api.namespace(ns)
+    make_machine(api, ns, "cn-new", hooked=False)
+    make_machine(api, ns, "cn-leaving")
+    api.delete(API, "machines", ns, "cn-leaving")
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "munge-key"},
+              "data": {"munge.key": "c2VjcmV0LWZvci10ZXN0cw=="}}
+    api.ok("POST", "/api/v1/namespaces/%s/secrets" % ns, secret)
+    config = tmp / "mgmt.capi_machines.yml"
+    config.write_text(yaml.safe_dump({"plugin": "converged.hpc.capi_machines", "namespaces": [ns], "host": server.url,
+                                      "api_key": LIFECYCLE_TOKEN, "ca_cert": server.ca_cert}))
+    play = tmp / "lifecycle.yml"
+    play.write_text(LIFECYCLE_PLAY.format(repo=REPO, ns=ns))
+    env = ansible_env(K8S_AUTH_HOST=server.url, K8S_AUTH_API_KEY=LIFECYCLE_TOKEN, K8S_AUTH_SSL_CA_CERT=server.ca_cert)
+    proc = subprocess.run(["ansible-playbook", "-i", str(config), str(play)], cwd=REPO, env=env, capture_output=True,
+                          text=True, check=False, timeout=300)
+    machines = {name: api.get(API, "machines", ns, name) for name in ("cn-new", "cn-leaving")}
+    lease = api.get("coordination.k8s.io/v1", "leases", ns, "converged-hpc")
+    return proc, machines, lease, server.answered(kubeapi.ROLES[LIFECYCLE_TOKEN][0])
+
+
+def test_the_lifecycle_tasks_do_their_work_with_the_lifecycle_role(lifecycle_part):
+    proc, machines, lease, _answered = lifecycle_part
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert LIFECYCLE_TOKEN not in out and "c2VjcmV0LWZvci10ZXN0cw" not in out
+    assert "munge key Secret found: True; not held: none" in proc.stdout, proc.stdout[-3000:]
+    assert machines["cn-new"]["metadata"]["annotations"].get(HOOK) == "converged-hpc"
+    assert HOOK not in (machines["cn-leaving"]["metadata"].get("annotations") or {})
+    # given back: held by nobody
+    assert lease and not (lease.get("spec") or {}).get("holderIdentity"), lease
+
+
+def test_the_lifecycle_role_is_all_used_and_never_refused(lifecycle_part):
+    _proc, _machines, _lease, answered = lifecycle_part
+    refused = sorted({(verb, group, resource, code) for verb, group, resource, code in answered if code >= 400
+                      and not (code == 404 and (verb, resource) == ("get", "leases"))})
+    assert not refused, "refused with the collection's roles converged-hpc-inventory and -lifecycle: %s" % refused
+    used = {(verb, group, resource) for verb, group, resource, _code in answered}
+    unused = rule_grants(kubeapi.collection_role("lifecycle")) - used
+    assert not unused, "granted by rbac/lifecycle.yml but used by no request: %s" % sorted(unused)
