@@ -63,11 +63,14 @@ def collection_role(name):
 INVENTORY_TOKEN = "inventory-token-for-tests"
 # the lifecycle playbooks' token: rbac/lifecycle.yml with rbac/inventory.yml (their inventory is the plugin)
 LIFECYCLE_TOKEN = "lifecycle-token-for-tests"
+# autoscale.yml's token: rbac/autoscale.yml with rbac/inventory.yml
+AUTOSCALE_TOKEN = "autoscale-token-for-tests"
 # user, group and rules of each token with a role (the admin is system:masters, nobody has none)
 ROLES = {READONLY_TOKEN: ("machine-reader", "inventory-readers", READER_RULES),
          MARKER_TOKEN: ("marker", "markers", MARKER_RULES),
          INVENTORY_TOKEN: ("inventory-part", "inventory-parts", collection_role("inventory")),
-         LIFECYCLE_TOKEN: ("lifecycle-part", "lifecycle-parts", collection_role("inventory") + collection_role("lifecycle"))}
+         LIFECYCLE_TOKEN: ("lifecycle-part", "lifecycle-parts", collection_role("inventory") + collection_role("lifecycle")),
+         AUTOSCALE_TOKEN: ("autoscale-part", "autoscale-parts", collection_role("inventory") + collection_role("autoscale"))}
 
 
 def assets():

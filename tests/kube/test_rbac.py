@@ -7,18 +7,22 @@ rbac/inventory.yml (converged-hpc-inventory): the inventory plugin, its Metal3 h
 (metal3=always), and the event source, its list and its watch. rbac/lifecycle.yml (converged-hpc-lifecycle,
 with the inventory's role): what scale_up.yml, scale_down.yml and reconcile.yml do in the management
 cluster, through their own task files: the run's Lease taken and given back, the munge key read from its
-Secret, the hook put on a new Machine and released from a leaving one."""
+Secret, the hook put on a new Machine and released from a leaving one. rbac/autoscale.yml
+(converged-hpc-autoscale, with the inventory's role): autoscale.yml's calls, its list of the cluster's
+MachineDeployments and converged.hpc.capi_scale's scale-up and scale-down decisions (the rest of the run
+reads Slurm, which a kube-apiserver alone does not have: the autoscale lab runs it whole)."""
 
 import json
 import subprocess
+import sys
 import time
 
 import pytest
 import yaml
 
 import kubeapi
-from conftest import HOOK, INVENTORY_TOKEN, LIFECYCLE_TOKEN, REPO, ansible_env, make_machine, reasons, recorded, \
-    run_source
+from conftest import AUTOSCALE_TOKEN, HOOK, INVENTORY_TOKEN, LIFECYCLE_TOKEN, REPO, ansible_env, load_metal3, \
+    make_machine, reasons, recorded, run_source
 
 API = "cluster.x-k8s.io/v1beta2"
 
@@ -189,3 +193,79 @@ def test_the_lifecycle_role_is_all_used_and_never_refused(lifecycle_part):
     used = {(verb, group, resource) for verb, group, resource, _code in answered}
     unused = rule_grants(kubeapi.collection_role("lifecycle")) - used
     assert not unused, "granted by rbac/lifecycle.yml but used by no request: %s" % sorted(unused)
+
+
+AUTOSCALE_PLAY = """
+- name: autoscale.yml's calls to the management cluster
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: List the cluster's MachineDeployments, as autoscale.yml finds its pools
+      kubernetes.core.k8s_info:
+        api_version: cluster.x-k8s.io/v1beta2
+        kind: MachineDeployment
+        namespace: {ns}
+        label_selectors: ["cluster.x-k8s.io/cluster-name=hpc"]
+      register: autoscale_deployments
+
+    - name: Grow hpc-compute by one (a scale-up decision)
+      converged.hpc.capi_scale:
+        name: hpc-compute
+        namespace: {ns}
+        current_replicas: 5
+        replicas: 6
+        delete_machines: []
+        delete_reason: "converged.hpc autoscale: idle"
+        annotations: {{"converged.hpc/scaled-up-at": "1764300000"}}
+
+    - name: Shrink it by two idle Machines (a scale-down decision)
+      converged.hpc.capi_scale:
+        name: hpc-compute
+        namespace: {ns}
+        current_replicas: 6
+        replicas: 4
+        delete_machines: [hpc-compute-7d9f8-abcde, hpc-compute-7d9f8-fghij]
+        delete_reason: "converged.hpc autoscale: idle"
+        annotations: {{}}
+
+    - name: Say which pools were found
+      ansible.builtin.debug:
+        msg: "pools: {{{{ autoscale_deployments.resources | map(attribute='metadata.name') | sort | join(',') }}}}"
+"""
+
+
+@pytest.fixture(scope="module")
+def autoscale_part(server, tmp_path_factory):
+    """autoscale.yml's API tasks run once with the autoscale token (with the inventory's role), on the recorded
+    MachineDeployment hpc-compute (5 replicas) in a namespace of its own."""
+    tmp = tmp_path_factory.mktemp("autoscale-part")
+    api = server.api()
+    ns = "rbac-autoscale"
+    api.namespace(ns)
+    load_metal3(api, ns)
+    play = tmp / "autoscale.yml"
+    play.write_text(AUTOSCALE_PLAY.format(ns=ns))
+    env = ansible_env(K8S_AUTH_HOST=server.url, K8S_AUTH_API_KEY=AUTOSCALE_TOKEN, K8S_AUTH_SSL_CA_CERT=server.ca_cert)
+    proc = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", "-e",
+                           "ansible_python_interpreter=" + sys.executable, str(play)], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=False, timeout=300)
+    scale = api.ok("GET", "/apis/%s/namespaces/%s/machinedeployments/hpc-compute/scale" % (API, ns))
+    marked = sorted(m["metadata"]["name"] for m in api.list(API, "machines", ns)
+                    if "cluster.x-k8s.io/delete-machine" in (m["metadata"].get("annotations") or {}))
+    return proc, scale["spec"].get("replicas", 0), marked, server.answered(kubeapi.ROLES[AUTOSCALE_TOKEN][0])
+
+
+def test_the_autoscale_decisions_are_made_with_the_autoscale_role(autoscale_part):
+    proc, replicas, marked, _answered = autoscale_part
+    assert proc.returncode == 0 and AUTOSCALE_TOKEN not in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    assert "pools: hpc-compute" in proc.stdout
+    assert replicas == 4 and marked == ["hpc-compute-7d9f8-abcde", "hpc-compute-7d9f8-fghij"]
+
+
+def test_the_autoscale_role_is_all_used_and_never_refused(autoscale_part):
+    _proc, _replicas, _marked, answered = autoscale_part
+    refused = sorted({entry for entry in answered if entry[3] >= 400})
+    assert not refused, "refused with the collection's roles converged-hpc-inventory and -autoscale: %s" % refused
+    used = {(verb, group, resource) for verb, group, resource, _code in answered}
+    unused = rule_grants(kubeapi.collection_role("autoscale")) - used
+    assert not unused, "granted by rbac/autoscale.yml but used by no request: %s" % sorted(unused)
