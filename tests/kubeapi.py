@@ -52,10 +52,10 @@ RBAC_DIR = os.path.normpath(os.path.join(HERE, "..", "rbac"))
 
 
 def collection_role(name):
-    """The rules of the collection's ClusterRole converged-hpc-NAME, as rbac/NAME.yml ships them."""
+    """The rules of the collection's ClusterRole converged-hpc-NAME (- for _), as rbac/NAME.yml ships them."""
     with open(os.path.join(RBAC_DIR, name + ".yml")) as fh:
         role = next(doc for doc in yaml.safe_load_all(fh) if doc and doc.get("kind") == "ClusterRole")
-    assert role["metadata"]["name"] == "converged-hpc-" + name, role["metadata"]["name"]
+    assert role["metadata"]["name"] == "converged-hpc-" + name.replace("_", "-"), role["metadata"]["name"]
     return role["rules"]
 
 
@@ -65,12 +65,15 @@ INVENTORY_TOKEN = "inventory-token-for-tests"
 LIFECYCLE_TOKEN = "lifecycle-token-for-tests"
 # autoscale.yml's token: rbac/autoscale.yml with rbac/inventory.yml
 AUTOSCALE_TOKEN = "autoscale-token-for-tests"
+# join_at_boot.yml's token: rbac/join_at_boot.yml with rbac/inventory.yml
+JOIN_TOKEN = "join-at-boot-token-for-tests"
 # user, group and rules of each token with a role (the admin is system:masters, nobody has none)
 ROLES = {READONLY_TOKEN: ("machine-reader", "inventory-readers", READER_RULES),
          MARKER_TOKEN: ("marker", "markers", MARKER_RULES),
          INVENTORY_TOKEN: ("inventory-part", "inventory-parts", collection_role("inventory")),
          LIFECYCLE_TOKEN: ("lifecycle-part", "lifecycle-parts", collection_role("inventory") + collection_role("lifecycle")),
-         AUTOSCALE_TOKEN: ("autoscale-part", "autoscale-parts", collection_role("inventory") + collection_role("autoscale"))}
+         AUTOSCALE_TOKEN: ("autoscale-part", "autoscale-parts", collection_role("inventory") + collection_role("autoscale")),
+         JOIN_TOKEN: ("join-at-boot-part", "join-at-boot-parts", collection_role("inventory") + collection_role("join_at_boot"))}
 
 
 def assets():

@@ -10,9 +10,13 @@ cluster, through their own task files: the run's Lease taken and given back, the
 Secret, the hook put on a new Machine and released from a leaving one. rbac/autoscale.yml
 (converged-hpc-autoscale, with the inventory's role): autoscale.yml's calls, its list of the cluster's
 MachineDeployments and converged.hpc.capi_scale's scale-up and scale-down decisions (the rest of the run
-reads Slurm, which a kube-apiserver alone does not have: the autoscale lab runs it whole)."""
+reads Slurm, which a kube-apiserver alone does not have: the autoscale lab runs it whole). rbac/join_at_boot.yml
+(converged-hpc-join-at-boot, with the inventory's role): join_at_boot.yml whole, its cloud-config Secret
+written, then rewritten for another munge key."""
 
+import base64
 import json
+import os
 import subprocess
 import sys
 import time
@@ -21,8 +25,8 @@ import pytest
 import yaml
 
 import kubeapi
-from conftest import AUTOSCALE_TOKEN, HOOK, INVENTORY_TOKEN, LIFECYCLE_TOKEN, REPO, ansible_env, load_metal3, \
-    make_machine, reasons, recorded, run_source
+from conftest import AUTOSCALE_TOKEN, HOOK, INVENTORY_TOKEN, JOIN_TOKEN, LIFECYCLE_TOKEN, REPO, ansible_env, \
+    load_metal3, make_machine, reasons, recorded, run_source
 
 API = "cluster.x-k8s.io/v1beta2"
 
@@ -269,3 +273,55 @@ def test_the_autoscale_role_is_all_used_and_never_refused(autoscale_part):
     used = {(verb, group, resource) for verb, group, resource, _code in answered}
     unused = rule_grants(kubeapi.collection_role("autoscale")) - used
     assert not unused, "granted by rbac/autoscale.yml but used by no request: %s" % sorted(unused)
+
+
+@pytest.fixture(scope="module")
+def join_part(server, tmp_path_factory):
+    """join_at_boot.yml run with the join token (with the inventory's role) for the recorded hpc-compute (our
+    hook on its template), twice: its Secret written, then rewritten for another munge key."""
+    tmp = tmp_path_factory.mktemp("join-part")
+    api = server.api()
+    ns = "rbac-join"
+    api.namespace(ns)
+    load_metal3(api, ns)
+    api.patch(API, "machinedeployments", ns, "hpc-compute",
+              {"spec": {"template": {"metadata": {"annotations": {HOOK: "converged-hpc"}}}}})
+    config = tmp / "mgmt.capi_machines.yml"
+    config.write_text(yaml.safe_dump({"plugin": "converged.hpc.capi_machines", "namespaces": [ns], "host": server.url,
+                                      "api_key": JOIN_TOKEN, "ca_cert": server.ca_cert}))
+    env = ansible_env(K8S_AUTH_HOST=server.url, K8S_AUTH_API_KEY=JOIN_TOKEN, K8S_AUTH_SSL_CA_CERT=server.ca_cert)
+    runs, keys = [], []
+    for first in (0, 128):
+        key = base64.b64encode(bytes(range(first, first + 128))).decode()
+        keys.append(key)
+        # the controllers' Slurm given: their fixture addresses are never contacted
+        extra = tmp / "extra.json"
+        extra.write_text(json.dumps({"converged_join_at_boot": ["hpc-compute"], "munge_key": key,
+                                     "munge_key_source": "variable", "converged_nfs": False,
+                                     "converged_join_at_boot_slurm_version": "24.11.5"}))
+        runs.append(subprocess.run(["ansible-playbook", "-i", str(config), os.path.join(REPO, "playbooks", "join_at_boot.yml"),
+                                    "-e", "@" + str(extra)], cwd=REPO, env=env, capture_output=True, text=True,
+                                   check=False, timeout=300))
+    secret = api.get("v1", "secrets", ns, "hpc-compute-join")
+    return runs, keys, secret, server.answered(kubeapi.ROLES[JOIN_TOKEN][0])
+
+
+def test_join_at_boot_writes_its_secret_with_the_join_at_boot_role(join_part):
+    runs, keys, secret, _answered = join_part
+    for proc in runs:
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-3000:]
+        assert JOIN_TOKEN not in out and not any(key in out for key in keys)
+        assert "changed=1" in proc.stdout.split("PLAY RECAP")[-1].split("localhost")[1], proc.stdout[-2000:]
+    value = base64.b64decode(secret["data"]["value"]).decode().replace("\n", "")
+    assert keys[1].replace("\n", "") in value and keys[0] not in value
+
+
+def test_the_join_at_boot_role_is_all_used_and_never_refused(join_part):
+    _runs, _keys, _secret, answered = join_part
+    refused = sorted({entry for entry in answered if entry[3] >= 400
+                      and not (entry[3] == 404 and entry[:3] == ("get", "", "secrets"))})
+    assert not refused, "refused with the collection's roles converged-hpc-inventory and -join-at-boot: %s" % refused
+    used = {(verb, group, resource) for verb, group, resource, _code in answered}
+    unused = rule_grants(kubeapi.collection_role("join_at_boot")) - used
+    assert not unused, "granted by rbac/join_at_boot.yml but used by no request: %s" % sorted(unused)
