@@ -67,13 +67,18 @@ LIFECYCLE_TOKEN = "lifecycle-token-for-tests"
 AUTOSCALE_TOKEN = "autoscale-token-for-tests"
 # join_at_boot.yml's token: rbac/join_at_boot.yml with rbac/inventory.yml
 JOIN_TOKEN = "join-at-boot-token-for-tests"
+# move.yml's and rebalance.yml's token: rbac/move.yml with the roles of what a move runs (rbac/inventory.yml,
+# rbac/autoscale.yml), and rbac/workload_reader.yml (the workload cluster's reads; the tests' one server plays both)
+MOVE_TOKEN = "move-token-for-tests"
 # user, group and rules of each token with a role (the admin is system:masters, nobody has none)
 ROLES = {READONLY_TOKEN: ("machine-reader", "inventory-readers", READER_RULES),
          MARKER_TOKEN: ("marker", "markers", MARKER_RULES),
          INVENTORY_TOKEN: ("inventory-part", "inventory-parts", collection_role("inventory")),
          LIFECYCLE_TOKEN: ("lifecycle-part", "lifecycle-parts", collection_role("inventory") + collection_role("lifecycle")),
          AUTOSCALE_TOKEN: ("autoscale-part", "autoscale-parts", collection_role("inventory") + collection_role("autoscale")),
-         JOIN_TOKEN: ("join-at-boot-part", "join-at-boot-parts", collection_role("inventory") + collection_role("join_at_boot"))}
+         JOIN_TOKEN: ("join-at-boot-part", "join-at-boot-parts", collection_role("inventory") + collection_role("join_at_boot")),
+         MOVE_TOKEN: ("move-part", "move-parts", collection_role("inventory") + collection_role("autoscale")
+                      + collection_role("move") + collection_role("workload_reader"))}
 
 
 def assets():

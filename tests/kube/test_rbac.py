@@ -12,7 +12,11 @@ Secret, the hook put on a new Machine and released from a leaving one. rbac/auto
 MachineDeployments and converged.hpc.capi_scale's scale-up and scale-down decisions (the rest of the run
 reads Slurm, which a kube-apiserver alone does not have: the autoscale lab runs it whole). rbac/join_at_boot.yml
 (converged-hpc-join-at-boot, with the inventory's role): join_at_boot.yml whole, its cloud-config Secret
-written, then rewritten for another munge key."""
+written, then rewritten for another munge key. rbac/move.yml (converged-hpc-move, with the inventory's and
+autoscale's roles) and rbac/workload_reader.yml: move.yml's and rebalance.yml's own tasks (the note on the
+target, a host labelled for it, the pool read, the workload cluster's Pods and Nodes) on a server with the
+controllers' own CRDs (Metal3MachineTemplates served); what a move runs besides (hook, Lease, /scale) is
+the lifecycle and autoscale parts above."""
 
 import base64
 import json
@@ -25,8 +29,10 @@ import pytest
 import yaml
 
 import kubeapi
-from conftest import AUTOSCALE_TOKEN, HOOK, INVENTORY_TOKEN, JOIN_TOKEN, LIFECYCLE_TOKEN, REPO, ansible_env, \
-    load_metal3, make_machine, reasons, recorded, run_source
+from conftest import AUTOSCALE_TOKEN, HOOK, INVENTORY_TOKEN, JOIN_TOKEN, LIFECYCLE_TOKEN, MOVE_TOKEN, REPO, \
+    ansible_env, load_metal3, make_machine, reasons, recorded, run_source
+from test_kube_lifecycle_writes import playbook
+from test_kube_move import NOTE, PLAY as MOVE_PLAY
 
 API = "cluster.x-k8s.io/v1beta2"
 
@@ -278,7 +284,11 @@ def test_the_autoscale_role_is_all_used_and_never_refused(autoscale_part):
 @pytest.fixture(scope="module")
 def join_part(server, tmp_path_factory):
     """join_at_boot.yml run with the join token (with the inventory's role) for the recorded hpc-compute (our
-    hook on its template), twice: its Secret written, then rewritten for another munge key."""
+    hook on its template), twice: its Secret written, then rewritten for another munge key. rbac/move.yml (converged-hpc-move, with the inventory's and
+autoscale's roles) and rbac/workload_reader.yml: move.yml's and rebalance.yml's own tasks (the note on the
+target, a host labelled for it, the pool read, the workload cluster's Pods and Nodes) on a server with the
+controllers' own CRDs (Metal3MachineTemplates served); what a move runs besides (hook, Lease, /scale) is
+the lifecycle and autoscale parts above."""
     tmp = tmp_path_factory.mktemp("join-part")
     api = server.api()
     ns = "rbac-join"
@@ -325,3 +335,54 @@ def test_the_join_at_boot_role_is_all_used_and_never_refused(join_part):
     used = {(verb, group, resource) for verb, group, resource, _code in answered}
     unused = rule_grants(kubeapi.collection_role("join_at_boot")) - used
     assert not unused, "granted by rbac/join_at_boot.yml but used by no request: %s" % sorted(unused)
+
+
+@pytest.fixture(scope="module")
+def move_part(tmp_path_factory):
+    """move.yml's and rebalance.yml's own tasks (tests/kube/test_kube_move.py's play: the note written, a host
+    labelled, the pool read, Pods and Nodes read) run with the move token, on a server of their own with the
+    controllers' CRDs and a Metal3MachineTemplate for hpc-compute."""
+    if kubeapi.assets()[1]:
+        pytest.skip("real kube-apiserver tier skipped: " + kubeapi.assets()[1])
+    tmp = tmp_path_factory.mktemp("move-part")
+    with recorded(tmp / "apiserver", audit=True, crds=kubeapi.module_crds()) as server:
+        api = server.api()
+        ns = "rbac-move"
+        api.namespace(ns)
+        load_metal3(api, ns)
+        image = "http://images.lab.invalid/compute.qcow2"
+        api.ok("POST", "/apis/infrastructure.cluster.x-k8s.io/v1beta2/namespaces/%s/metal3machinetemplates" % ns, {
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3MachineTemplate",
+            "metadata": {"name": "hpc-compute"},
+            "spec": {"template": {"spec": {
+                "hostSelector": {"matchLabels": {"converged.hpc/pool": "hpc-compute"}},
+                "image": {"url": image, "checksum": image + ".sha256sum", "checksumType": "sha256",
+                          "diskFormat": "qcow2"}}}}})
+        config = tmp / "mgmt.capi_machines.yml"
+        config.write_text(yaml.safe_dump({"plugin": "converged.hpc.capi_machines", "namespaces": [ns],
+                                          "host": server.url, "api_key": MOVE_TOKEN, "ca_cert": server.ca_cert}))
+        (tmp / "note.json").write_text(json.dumps({"note": NOTE}))
+        play = MOVE_PLAY.format(repo=REPO, ns=ns, api=API)
+        runs = [playbook(server, tmp, str(config), play, "-e", "@" + str(tmp / "note.json"), token=MOVE_TOKEN),
+                playbook(server, tmp, str(config), play, token=MOVE_TOKEN)]
+        host = api.get("metal3.io/v1alpha1", "baremetalhosts", ns, "hpc-cn-05")
+        yield runs, host, server.answered(kubeapi.ROLES[MOVE_TOKEN][0])
+
+
+def test_the_move_tasks_do_their_work_with_the_move_roles(move_part):
+    runs, host, _answered = move_part
+    for proc in runs:
+        assert proc.returncode == 0 and MOVE_TOKEN not in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    # the pool read whole: its MachineDeployments, the template (served here), the hosts and Machines
+    assert "pool hpc-compute,hpc-controller templates 1 hosts 8 machines 8" in runs[0].stdout, runs[0].stdout[-3000:]
+    assert host["metadata"]["labels"]["converged.hpc/pool"] == "hpc-compute"
+
+
+def test_the_move_roles_are_all_used_and_never_refused(move_part):
+    _runs, _host, answered = move_part
+    refused = sorted({entry for entry in answered if entry[3] >= 400})
+    assert not refused, "refused with the collection's roles for a move: %s" % refused
+    used = {(verb, group, resource) for verb, group, resource, _code in answered}
+    for name in ("move", "workload_reader"):
+        unused = rule_grants(kubeapi.collection_role(name)) - used
+        assert not unused, "granted by rbac/%s.yml but used by no request: %s" % (name, sorted(unused))
