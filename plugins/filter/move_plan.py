@@ -306,12 +306,48 @@ def _replicas(md):
     return int(((md or {}).get("spec") or {}).get("replicas") or 0)
 
 
+def _names(value):
+    return isinstance(value, list) and all(isinstance(n, str) and n for n in value)
+
+
+def _short(value, most=120):
+    text = repr(value)
+    return text if len(text) <= most else text[:most] + "... (%d characters)" % len(text)
+
+
+def intent_problem(intent):
+    """What makes intent no move's intent as move.yml writes it (a note changed by hand), or None."""
+    if not isinstance(intent, dict):
+        return "not a mapping"
+    missing = [k for k in ("from", "to", "hosts", "source", "target") if k not in intent]
+    if missing:
+        return "no %s" % ", ".join(missing)
+    for key in ("from", "to"):
+        if not isinstance(intent[key], str) or not intent[key]:
+            return "%s is %s, not a MachineDeployment's name" % (key, _short(intent[key]))
+    if not _names(intent["hosts"]) or not intent["hosts"]:
+        return "hosts is %s, not a list of host names" % (_short(intent["hosts"]),)
+    if "machines" in intent and not _names(intent["machines"]):
+        return "machines is %s, not a list of Machine names" % (_short(intent["machines"]),)
+    for key in ("namespace", "api_version"):
+        if key in intent and not isinstance(intent[key], str):
+            return "%s is %s, not a string" % (key, _short(intent[key]))
+    for side in ("source", "target"):
+        counts = intent[side]
+        if not isinstance(counts, dict) or not all(
+                isinstance(counts.get(k), int) and not isinstance(counts.get(k), bool) and counts[k] >= 0
+                for k in ("replicas", "desired")):
+            return "%s is %s, not its replicas and desired counts" % (side, _short(counts))
+    return None
+
+
 def move_progress(intent, deployments, hosts, machines, pool_label="converged.hpc/pool", hook=None):
     """What a move (its intent, as move.yml writes it on the target) still has to do; see move_progress.yml.
     With C(hook) (our deletion hook's annotation), C(held) names the moving Machines that still carry it: a
     Slurm node scale_down.yml has not released yet."""
-    if not isinstance(intent, dict) or not all(k in intent for k in ("from", "to", "hosts", "source", "target")):
-        raise AnsibleFilterError("move_progress: not a move's intent: %r" % (intent,))
+    problem = intent_problem(intent)
+    if problem:
+        raise AnsibleFilterError("move_progress: not a move's intent (%s): %s" % (problem, _short(intent, 500)))
     namespace = intent.get("namespace") or "metal3"
     out = {"errors": [], "scale_source": False, "delete_machines": [], "waiting": {}, "to_label": [],
            "labelled": [], "scale_target": False, "claimed": [], "unclaimed": [], "held": [], "done": False}
@@ -379,10 +415,17 @@ def move_pending(deployments, key="converged.hpc/move"):
             intent = json.loads(note)
         except ValueError:
             intent = None
+        where = "%s/%s" % (md["metadata"].get("namespace"), md["metadata"]["name"])
         if not isinstance(intent, dict):
-            raise AnsibleFilterError("MachineDeployment %s/%s: its annotation %s is not a move's note (JSON): %r; "
-                                     "take it off by hand once the move it was is done"
-                                     % (md["metadata"].get("namespace"), md["metadata"]["name"], key, note))
+            raise AnsibleFilterError("MachineDeployment %s: its annotation %s is not a move's note (JSON): %s; "
+                                     "take it off by hand once the move it was is done" % (where, key, _short(note, 500)))
+        problem = intent_problem(intent)
+        if problem is None and intent["to"] != md["metadata"]["name"]:
+            problem = "it names %s as the move's target, and sits on %s" % (_short(intent["to"]), md["metadata"]["name"])
+        if problem:
+            raise AnsibleFilterError("MachineDeployment %s: its annotation %s is not a move's note as move.yml "
+                                     "writes it (%s): %s; the move it was is not taken on. Put it back as it was, or take it "
+                                     "off by hand once the move it was is done" % (where, key, problem, _short(note, 500)))
         return intent
     return {}
 

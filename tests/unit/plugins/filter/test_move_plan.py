@@ -245,3 +245,40 @@ def test_the_pending_move_is_found_by_its_note(world):
     deployments[1]["metadata"]["annotations"]["converged.hpc/move"] = "moving"
     with pytest.raises(AnsibleFilterError, match="metal3/k8s-gpu: its annotation converged.hpc/move is not a move's"):
         move_pending(deployments)
+
+
+@pytest.mark.parametrize("changed, problem", [
+    (dict(hosts="bm-01"), "hosts is 'bm-01', not a list of host names"),
+    (dict(hosts=[]), "hosts is [], not a list of host names"),
+    (dict(machines=[None]), "machines is [None], not a list of Machine names"),
+    (dict(target={"replicas": 0}), "target is {'replicas': 0}, not its replicas and desired counts"),
+    (dict(source={"replicas": "2", "desired": 1}), "source is {'replicas': '2', 'desired': 1}, not its replicas"),
+    (dict(source={"replicas": True, "desired": 1}), "source is {'replicas': True, 'desired': 1}, not its replicas"),
+    (dict(target={"replicas": 0, "desired": -1}), "target is {'replicas': 0, 'desired': -1}, not its replicas"),
+    (dict(namespace=7), "namespace is 7, not a string"),
+    (dict(to="hpc-compute"), "it names 'hpc-compute' as the move's target, and sits on k8s-gpu"),
+    (dict(to=""), "to is '', not a MachineDeployment's name"),
+])
+def test_a_note_changed_by_hand_is_refused_naming_what_is_wrong(world, changed, problem):
+    """Our note (the annotation converged.hpc/move) edited by hand: the run that finds it stops before the move
+    changes anything, naming the MachineDeployment, the field and its value."""
+    deployments = world[0]
+    bad = intent(**changed)
+    deployments[1]["metadata"]["annotations"]["converged.hpc/move"] = json.dumps(bad)
+    with pytest.raises(AnsibleFilterError) as err:
+        move_pending(deployments)
+    assert "MachineDeployment metal3/k8s-gpu: its annotation converged.hpc/move is not a move's note as " \
+        "move.yml writes it (" + problem in str(err.value) and "the move it was is not taken on" in str(err.value)
+
+
+def test_a_huge_hand_written_note_is_shortened_in_the_refusal(world):
+    deployments = world[0]
+    deployments[1]["metadata"]["annotations"]["converged.hpc/move"] = json.dumps(intent(hosts="x" * 100000))
+    with pytest.raises(AnsibleFilterError) as err:
+        move_pending(deployments)
+    assert len(str(err.value)) < 2000
+
+
+def test_progress_of_an_intent_with_counts_that_are_not_numbers():
+    with pytest.raises(AnsibleFilterError, match=r"not a move's intent \(source is"):
+        move_progress(intent(source={"replicas": "two", "desired": 1}), [], [], [])
