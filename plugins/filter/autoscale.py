@@ -169,8 +169,10 @@ def autoscale_pools(machine_deployments, node_types, settings=None, slurm_partit
             continue
         try:
             scaled_up_at = float(annotations.get(SCALED_UP_ANNOTATION) or 0)
-        except ValueError:
+        except (TypeError, ValueError):
             scaled_up_at = 0.0
+        if not math.isfinite(scaled_up_at) or scaled_up_at < 0:
+            scaled_up_at = 0.0  # our annotation changed by hand ("inf" would hold every scale-down for good)
         pools.append({"namespace": key[0], "name": key[1], "node_type": node_type, "nodeset": spec["nodeset"],
                       "partitions": partitions,
                       "features": list(dict.fromkeys([node_type] + label_features(template, feature_label_prefix))),

@@ -201,3 +201,15 @@ def test_constraints(constraint, features, met):
 ])
 def test_gres(wanted, offered, met):
     assert gres_met(wanted, offered) is met
+
+
+@pytest.mark.parametrize("written", ["inf", "-inf", "nan", "-5", "yesterday", "1e400"])
+def test_our_scale_up_time_changed_by_hand_holds_no_scale_down(written):
+    """converged.hpc/scaled-up-at edited into something autoscale.yml never writes counts as no scale-up: the
+    cooldown since one cannot hold the pool's idle nodes for good."""
+    mds = [md("hpc-compute", "compute", 2, {MAX_ANNOTATION: "3", "converged.hpc/scaled-up-at": written})]
+    res = autoscale_pools(mds, NODE_TYPES)
+    assert res["errors"] == [] and res["pools"][0]["scaled_up_at"] == 0.0
+    nodes = [node("cn-1", idle_seconds=900), node("cn-2", idle_seconds=900)]
+    p = plan([], nodes, res["pools"], machines("cn-1", "cn-2"), cooldown=120)["pools"][0]
+    assert p["desired"] == 0, p
