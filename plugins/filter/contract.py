@@ -128,6 +128,18 @@ def parse_gres(value):
     return out
 
 
+def gres_device_files(gres, devices=None, autodetect=""):
+    """The device files a node's GRES needs present (C(gres): a GRES string or parse_gres' list;
+    C(devices): converged_gres_devices, each GRES name's device file prefix; a name without one needs no
+    file): none when slurmd finds the devices itself (C(autodetect): converged_gres_autodetect). What
+    slurm_compute checks on a node before slurmd starts, and what join at boot's first boot checks."""
+    if autodetect:
+        return []
+    items = (parse_gres(gres) if str(gres).strip() else []) if isinstance(gres, str) else list(gres or [])
+    prefixes = devices if isinstance(devices, dict) else {}
+    return ["%s%d" % (prefixes[i["name"]], n) for i in items if i["name"] in prefixes for n in range(i["count"])]
+
+
 def gres_types(gres_strings):
     """The GRES names (GresTypes) of every valid GRES string given, sorted; the invalid ones are skipped."""
     names = set()
@@ -499,5 +511,5 @@ class FilterModule(object):
     def filters(self):
         return {"contract": contract, "contract_nodesets": nodesets,
                 "contract_partitions": partitions_with_nodes, "contract_placeholders": placeholders,
-                "gres_parse": parse_gres,
+                "gres_parse": parse_gres, "gres_device_files": gres_device_files,
                 "gres_types": gres_types, "gres_conf": gres_conf, "hostlist_expand": expand_hostlist}

@@ -92,7 +92,7 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.converged.hpc.plugins.filter.contract import FEATURE_LABEL_PREFIX, GRES_ANNOTATION, parse_gres
-from ansible_collections.converged.hpc.plugins.filter.contract import label_features
+from ansible_collections.converged.hpc.plugins.filter.contract import gres_device_files, label_features
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 OURS = "converged.hpc"
@@ -159,8 +159,7 @@ def join_at_boot_plan(deployments, requested, node_types, hook_key, secrets=None
                     "or let them join through scale_up.yml"
                     % (gres, node_type, ", with the node type's gres, not the template's %s" % gres
                        if spec.get("gres_nodes") else ""))
-            if not gres_autodetect:
-                devices = ["%s%d" % (prefixes[i["name"]], n) for i in items if i["name"] in prefixes for n in range(i["count"])]
+            devices = gres_device_files(items, prefixes, gres_autodetect)
         secret = "%s-join" % name
         there = existing.get(secret)
         if there is not None and _get(there, "metadata", "labels").get(MANAGED_BY) != OURS:

@@ -10,6 +10,7 @@ from ansible_collections.converged.hpc.plugins.filter.contract import (
     contract,
     expand_hostlist,
     gres_conf,
+    gres_device_files,
     gres_types,
     nodesets,
     parse_gres,
@@ -329,3 +330,21 @@ def test_hosts_come_by_slurm_node_name_so_the_primary_is_the_first_name_not_the_
     assert order == ["cn-01", "cn-02", "ctl-01", "ctl-02"]
     controllers = [h["name"] for h in res["hosts"] if "converged_controller" in h["groups"]]
     assert controllers == ["clab-controller-x7b2q-zzzzz", "clab-controller-x7b2q-abcde"]
+
+
+@pytest.mark.parametrize("gres, autodetect, files", [
+    ("gpu:a100:2", "", ["/dev/nvidia0", "/dev/nvidia1"]),
+    ("gpu:2,nvme:1", "", ["/dev/nvidia0", "/dev/nvidia1"]),  # nvme: no device file prefix, none needed
+    ("gpu:a100:2", "nvml", []),  # slurmd finds the devices
+    ("", "", []),
+    (None, "", []),
+    ([{"name": "gpu", "type": "", "count": 1}], "", ["/dev/nvidia0"]),
+])
+def test_the_device_files_a_gres_needs(gres, autodetect, files):
+    """One list for slurm_compute's check on a node and join at boot's: gres_device_files."""
+    assert gres_device_files(gres, {"gpu": "/dev/nvidia"}, autodetect) == files
+
+
+def test_the_device_files_of_a_bad_gres_name_the_bad_part():
+    with pytest.raises(ValueError, match="'gpu:two' is not a GRES"):
+        gres_device_files("gpu:two", {"gpu": "/dev/nvidia"})
