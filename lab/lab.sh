@@ -94,6 +94,8 @@ validate_conf() {
   [[ -n "$(suite_release "$LAB_SUITE")" ]] || die "LAB_SUITE='$LAB_SUITE' is not trixie or bookworm"
   [[ "$LAB_FLAVOUR" == stock || "$LAB_FLAVOUR" == prebaked ]] \
     || die "LAB_FLAVOUR='$LAB_FLAVOUR' is not stock or prebaked"
+  [[ "$LAB_LEAST_PRIVILEGE" == 0 || "$LAB_LEAST_PRIVILEGE" == 1 ]] \
+    || die "LAB_LEAST_PRIVILEGE='$LAB_LEAST_PRIVILEGE' must be 0 or 1"
   [[ "$LAB_CONTROLLERS" =~ ^[0-9]+$ && "$LAB_CONTROLLERS" -le 9 ]] \
     || die "LAB_CONTROLLERS='$LAB_CONTROLLERS' must be an integer 0-9"
   [[ "$LAB_COMPUTE" =~ ^[0-9]+$ && "$LAB_COMPUTE" -le 179 ]] \
@@ -543,13 +545,24 @@ EOF
 )
 }
 
+# The kubeconfig the collection's parts reach the management cluster with: the collection's own identity
+# (LAB_LEAST_PRIVILEGE=1: the roles of rbac/), else the lab's admin one.
+collection_kubeconfig() {
+  if [[ "$LAB_LEAST_PRIVILEGE" == 1 ]]; then echo "$STATE/capi/collection.kubeconfig"; else echo "$STATE/capi/kubeconfig"; fi
+}
+
 # What the playbooks read of the running lab: the CAPI inventory source and the lab's group_vars.
 write_lab_files() {
-  local dir="$STATE/capi"
+  local dir="$STATE/capi" kubeconfig
+  kubeconfig="$(collection_kubeconfig)"
+  if [[ "$LAB_LEAST_PRIVILEGE" == 1 ]]; then
+    python3 "$LAB_DIR/mgmt.py" identity "$dir/kubeconfig" "$kubeconfig" \
+      || die "making the collection's own identity (lab/mgmt.py identity, the roles of rbac/) failed"
+  fi
   cat >"$STATE/capi.capi_machines.yml" <<EOF
 # Written by lab/lab.sh: the lab's machines as Cluster API reports them.
 plugin: converged.hpc.capi_machines
-kubeconfig: $dir/kubeconfig
+kubeconfig: $kubeconfig
 namespaces: [metal3]
 clusters: [$(lab_clusters | paste -sd, - | sed 's/,/, /g')]
 EOF
@@ -565,7 +578,8 @@ EOF
   [[ "$LAB_DIRECTORY" == 1 && -f "$STATE/directory/ca.crt" ]] && directory=true
   printf '%s\n' "# Written by lab/lab.sh: the running lab's facts (lab/group_vars.yml uses them)." \
     "lab_name: $LAB_NAME" "lab_state: $STATE" "lab_subnet: $LAB_SUBNET_PREFIX.0/24" \
-    "lab_munge_key_source: $LAB_MUNGE_KEY_SOURCE" "lab_directory: $directory" >"$STATE/group_vars/all/lab.yml"
+    "lab_munge_key_source: $LAB_MUNGE_KEY_SOURCE" "lab_directory: $directory" \
+    "lab_kubeconfig: $kubeconfig" >"$STATE/group_vars/all/lab.yml"
   if (( LAB_BARE_METAL_GPU > 0 )); then
     # the pool's GPU hosts, by the names they register with: their gres.conf lines ahead (lab/group_vars.yml)
     printf 'lab_gpu_pool_hosts: "%s-bm-[01-%02d]"\n' "$LAB_NAME" "$LAB_BARE_METAL_GPU" >>"$STATE/group_vars/all/lab.yml"
@@ -747,7 +761,7 @@ cmd_events() {
   rm -rf "$dir/inventory"; mkdir -p "$dir/inventory"
   ln -s "$inv" "$dir/inventory/capi.capi_machines.yml"
   ln -s "$STATE/group_vars" "$dir/inventory/group_vars"
-  ANSIBLE_CONFIG="$REPO_DIR/ansible.cfg" K8S_AUTH_KUBECONFIG="$STATE/capi/kubeconfig" \
+  ANSIBLE_CONFIG="$REPO_DIR/ansible.cfg" K8S_AUTH_KUBECONFIG="$(collection_kubeconfig)" \
     setsid nohup ansible-rulebook -r "converged.hpc.$rulebook" -i "$dir/inventory" --vars "$dir/vars.yml" \
     >"$STATE/logs/events.log" 2>&1 </dev/null &
   echo $! >"$dir/rulebook.pid"

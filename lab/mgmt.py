@@ -12,6 +12,10 @@ Bare Metal Operator (test mode: no Ironic) from $KUBEBUILDER_ASSETS (make kube-a
         create the objects of a YAML stream (e.g. hosts registered later)
     python3 lab/mgmt.py claimed KUBECONFIG [--prefix NAME]
         name, address and node type of each host claimed and provisioning or provisioned
+    python3 lab/mgmt.py identity KUBECONFIG OUT [--namespace NS] [--name SA]
+        the collection's own identity, as docs/rbac.md has a site make it: the management cluster's roles of
+        rbac/, a ServiceAccount bound to each, a token for it (TokenRequest), written as the kubeconfig OUT
+        (the playbooks', the inventory's and the event path's; the lab's own tools keep the admin's)
 
 Logs: DIR/apiserver/{etcd,kube-apiserver}.log and DIR/controllers/<manager>.log, linked from --logs.
 Nothing here plays a controller: what the controllers write, they write.
@@ -166,6 +170,47 @@ def claimed(args):
     return 0
 
 
+# the roles of rbac/ that belong in the management cluster (workload_reader.yml is the workload cluster's)
+MANAGEMENT_ROLES = ("inventory", "lifecycle", "autoscale", "join_at_boot", "move")
+
+
+def identity(args):
+    """The collection's ServiceAccount with every management-cluster role of rbac/, and a kubeconfig holding a
+    token of its (what a site does with kubectl apply, create serviceaccount, create clusterrolebinding,
+    create token)."""
+    api = kubeapi.api_from_kubeconfig(args.kubeconfig)
+    api.namespace(args.namespace)
+    subject = {"kind": "ServiceAccount", "name": args.name, "namespace": args.namespace}
+    docs = [{"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": args.name, "namespace": args.namespace}}]
+    for part in MANAGEMENT_ROLES:
+        with open(os.path.join(REPO, "rbac", part + ".yml")) as fh:
+            role = next(doc for doc in yaml.safe_load_all(fh) if doc and doc.get("kind") == "ClusterRole")
+        docs += [role, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                        "metadata": {"name": role["metadata"]["name"]},
+                        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                    "name": role["metadata"]["name"]},
+                        "subjects": [subject]}]
+    create_all(api, docs)
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+               "spec": {"expirationSeconds": args.seconds}}
+    token = api.ok("POST", "/api/v1/namespaces/%s/serviceaccounts/%s/token" % (args.namespace, args.name),
+                   request)["status"]["token"]
+    with open(args.kubeconfig) as fh:
+        config = yaml.safe_load(fh)
+    config["users"] = [{"name": args.name, "user": {"token": token}}]
+    for context in config.get("contexts") or []:
+        context["context"]["user"] = args.name
+    old = os.umask(0o077)
+    try:
+        with open(args.out + ".new", "w") as fh:
+            yaml.safe_dump(config, fh)
+        os.replace(args.out + ".new", args.out)
+    finally:
+        os.umask(old)
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="lab/mgmt.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -185,9 +230,17 @@ def main(argv=None):
     took.add_argument("kubeconfig")
     took.add_argument("--namespace", default="metal3")
     took.add_argument("--prefix", default="", help="only hosts whose names start so")
+    who = sub.add_parser("identity")
+    who.add_argument("kubeconfig", help="the admin's")
+    who.add_argument("out", help="the collection's kubeconfig, written")
+    who.add_argument("--namespace", default="converged-hpc")
+    who.add_argument("--name", default="converged-hpc")
+    who.add_argument("--seconds", type=int, default=7 * 86400, help="the token's lifetime")
     args = ap.parse_args(argv)
     if args.command == "claimed":
         return claimed(args)
+    if args.command == "identity":
+        return identity(args)
     if not kubeapi.assets()[0] or kubeapi.Controllers.BINARIES and not all(
             os.access(os.path.join(kubeapi.assets()[0], b), os.X_OK) for b in kubeapi.Controllers.BINARIES):
         if args.command == "serve":
