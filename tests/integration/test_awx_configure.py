@@ -349,8 +349,21 @@ def sha(text):
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-# none, all, and each alone
-@pytest.mark.parametrize("given", [(), tuple(SECRET_NAMES)] + [(n,) for n in SECRET_NAMES],
+def test_each_secret_type_injects_its_own_variable_and_no_other(secret_types, tmp_path):
+    """Each credential type alone, as AWX renders its injectors: its role variable (and, for the munge key, the
+    key's source), nothing of another secret's. The runs below then give a real job none, all, and the
+    accounting database password alone."""
+    import yaml
+    from awx_api import inject
+    for name, field, value, var in SECRETS:
+        path = inject(secret_types[name], {field: value}, str(tmp_path))
+        with open(path) as fh:
+            injected = yaml.safe_load(fh)
+        assert injected == dict({var: value}, **({"munge_key_source": "variable"} if var == "munge_key" else {})), name
+
+
+# none, all, and the accounting database password alone (the one a site's own credential carried before)
+@pytest.mark.parametrize("given", [(), tuple(SECRET_NAMES), ("accounting database password",)],
                          ids=lambda given: "+".join(given) or "none")
 def test_a_job_sees_exactly_the_secrets_given(secret_types, tmp_path, given):
     ansible_runner = pytest.importorskip("ansible_runner")
