@@ -22,7 +22,8 @@ def test_build_and_install_tarball(tmp_path):
     # the collection only: no lab, benchmarks, tests or development set-up
     top = {name.split("/")[0] for name in listing}
     assert top == {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "changelogs", "docs", "extensions",
-                   "inventories", "meta", "playbooks", "plugins", "roles", "requirements.txt"}, sorted(top)
+                   "inventories", "meta", "playbooks", "plugins", "rbac", "roles", "requirements.txt"}, sorted(top)
+    assert "rbac/inventory.yml" in listing  # the roles a site grants each part (docs/rbac.md)
     assert "extensions/eda/plugins/event_source/capi_machines.py" in listing  # where ansible-rulebook looks
     dest = tmp_path / "collections"
     subprocess.run(["ansible-galaxy", "collection", "install", "--offline", "--no-deps", "--force", "-p", str(dest),
