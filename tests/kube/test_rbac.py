@@ -51,6 +51,18 @@ def rule_grants(rules):
             for resource in rule["resources"]}
 
 
+def assert_held_to(answered, parts, not_found=()):
+    """No request refused (a 404 only for the (verb, API group, resource) in not_found: a thing looked for
+    before it is made), and every rule of each part's role (rbac/<part>.yml) used by some request."""
+    refused = sorted({entry for entry in answered if entry[3] >= 400
+                      and not (entry[3] == 404 and entry[:3] in not_found)})
+    assert not refused, "refused with the collection's roles (%s): %s" % (", ".join(parts), refused)
+    used = {(verb, group, resource) for verb, group, resource, _code in answered}
+    for part in parts:
+        unused = rule_grants(kubeapi.collection_role(part)) - used
+        assert not unused, "granted by rbac/%s.yml but used by no request: %s" % (part, sorted(unused))
+
+
 @pytest.fixture(scope="module")
 def inventory_part(server, tmp_path_factory):
     """The inventory (every namespace, the hosts required) and the event source (one namespace: its list,
@@ -97,11 +109,7 @@ def test_the_event_source_lists_then_watches_with_the_inventory_role(inventory_p
 
 def test_the_inventory_role_is_all_used_and_never_refused(inventory_part):
     _listed, _events, _result, answered = inventory_part
-    refused = sorted({(verb, group, resource, code) for verb, group, resource, code in answered if code >= 400})
-    assert not refused, "refused with the collection's role converged-hpc-inventory: %s" % refused
-    used = {(verb, group, resource) for verb, group, resource, _code in answered}
-    unused = rule_grants(kubeapi.collection_role("inventory")) - used
-    assert not unused, "granted by rbac/inventory.yml but used by no request: %s" % sorted(unused)
+    assert_held_to(answered, ["inventory"])
 
 
 LIFECYCLE_PLAY = """
@@ -197,12 +205,7 @@ def test_the_lifecycle_tasks_do_their_work_with_the_lifecycle_role(lifecycle_par
 
 def test_the_lifecycle_role_is_all_used_and_never_refused(lifecycle_part):
     _proc, _machines, _lease, answered = lifecycle_part
-    refused = sorted({(verb, group, resource, code) for verb, group, resource, code in answered if code >= 400
-                      and not (code == 404 and (verb, resource) == ("get", "leases"))})
-    assert not refused, "refused with the collection's roles converged-hpc-inventory and -lifecycle: %s" % refused
-    used = {(verb, group, resource) for verb, group, resource, _code in answered}
-    unused = rule_grants(kubeapi.collection_role("lifecycle")) - used
-    assert not unused, "granted by rbac/lifecycle.yml but used by no request: %s" % sorted(unused)
+    assert_held_to(answered, ["lifecycle"], not_found={("get", "coordination.k8s.io", "leases")})
 
 
 AUTOSCALE_PLAY = """
@@ -274,11 +277,7 @@ def test_the_autoscale_decisions_are_made_with_the_autoscale_role(autoscale_part
 
 def test_the_autoscale_role_is_all_used_and_never_refused(autoscale_part):
     _proc, _replicas, _marked, answered = autoscale_part
-    refused = sorted({entry for entry in answered if entry[3] >= 400})
-    assert not refused, "refused with the collection's roles converged-hpc-inventory and -autoscale: %s" % refused
-    used = {(verb, group, resource) for verb, group, resource, _code in answered}
-    unused = rule_grants(kubeapi.collection_role("autoscale")) - used
-    assert not unused, "granted by rbac/autoscale.yml but used by no request: %s" % sorted(unused)
+    assert_held_to(answered, ["autoscale"])
 
 
 @pytest.fixture(scope="module")
@@ -329,12 +328,7 @@ def test_join_at_boot_writes_its_secret_with_the_join_at_boot_role(join_part):
 
 def test_the_join_at_boot_role_is_all_used_and_never_refused(join_part):
     _runs, _keys, _secret, answered = join_part
-    refused = sorted({entry for entry in answered if entry[3] >= 400
-                      and not (entry[3] == 404 and entry[:3] == ("get", "", "secrets"))})
-    assert not refused, "refused with the collection's roles converged-hpc-inventory and -join-at-boot: %s" % refused
-    used = {(verb, group, resource) for verb, group, resource, _code in answered}
-    unused = rule_grants(kubeapi.collection_role("join_at_boot")) - used
-    assert not unused, "granted by rbac/join_at_boot.yml but used by no request: %s" % sorted(unused)
+    assert_held_to(answered, ["join_at_boot"], not_found={("get", "", "secrets")})
 
 
 @pytest.fixture(scope="module")
@@ -380,9 +374,4 @@ def test_the_move_tasks_do_their_work_with_the_move_roles(move_part):
 
 def test_the_move_roles_are_all_used_and_never_refused(move_part):
     _runs, _host, answered = move_part
-    refused = sorted({entry for entry in answered if entry[3] >= 400})
-    assert not refused, "refused with the collection's roles for a move: %s" % refused
-    used = {(verb, group, resource) for verb, group, resource, _code in answered}
-    for name in ("move", "workload_reader"):
-        unused = rule_grants(kubeapi.collection_role(name)) - used
-        assert not unused, "granted by rbac/%s.yml but used by no request: %s" % (name, sorted(unused))
+    assert_held_to(answered, ["move", "workload_reader"])
