@@ -1,6 +1,7 @@
 """A converged 1 + 2 cluster: daemons, files and modes, dynamic nodes IDLE, a real job on both nodes."""
 
 import re
+import time
 
 import pytest
 
@@ -59,6 +60,35 @@ def test_nodes_idle_with_declared_hardware(host):
     assert "AvailableFeatures=compute,bigmem" in cn1
     cn2 = host.check_output("scontrol show node --oneliner mol-cluster-cn2")
     assert "AvailableFeatures=compute " in cn2
+
+
+def test_a_killed_slurmd_comes_back_and_registers_again(host):
+    # placed before the jobs below: they run on both nodes, so cn2 must be IDLE again
+    if host.backend.get_hostname() != "mol-cluster-cn2":
+        pytest.skip("done on one node")
+    assert "Restart=on-failure" in host.check_output("systemctl cat slurmd")
+
+    def record():
+        return host.run("scontrol show node --oneliner mol-cluster-cn2").stdout
+
+    def started(out):
+        found = re.search(r"SlurmdStartTime=(\S+)", out)
+        return found.group(1) if found else None
+
+    before = started(record())
+    assert before, record()
+    time.sleep(1.1)  # SlurmdStartTime counts whole seconds
+    host.run_expect([0], "pkill -KILL -x slurmd")
+    # systemd starts it again after slurm_compute_restart_sec (5 s); it registers again, IDLE
+    out = ""
+    for attempt in range(90):
+        out = record()
+        if started(out) not in (None, before) and re.search(r"State=IDLE\+DYNAMIC_NORM ", out):
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError("slurmd killed: not registered again and IDLE after 90 s:\n%s\n%s"
+                             % (out, host.run("systemctl status slurmd").stdout))
 
 
 def test_a_real_job_ran_on_both_nodes(host):
