@@ -761,6 +761,8 @@ cmd_events() {
   rm -rf "$dir/inventory"; mkdir -p "$dir/inventory"
   ln -s "$inv" "$dir/inventory/capi.capi_machines.yml"
   ln -s "$STATE/group_vars" "$dir/inventory/group_vars"
+  # the log of the path's earlier lives is kept (events-earlier.log); events.log is this one's
+  if [[ -s "$STATE/logs/events.log" ]]; then cat "$STATE/logs/events.log" >>"$STATE/logs/events-earlier.log"; fi
   ANSIBLE_CONFIG="$REPO_DIR/ansible.cfg" K8S_AUTH_KUBECONFIG="$(collection_kubeconfig)" \
     setsid nohup ansible-rulebook -r "converged.hpc.$rulebook" -i "$dir/inventory" --vars "$dir/vars.yml" \
     >"$STATE/logs/events.log" 2>&1 </dev/null &
