@@ -1,13 +1,16 @@
 """Elastic lifecycle end to end in a lab of its own: real machines, real Slurm, the real
 Cluster API, CAPM3 and Bare Metal Operator, scale_up.yml and scale_down.yml as AWX runs them.
 
-The lab has two controllers in HA (LAB_HA=1: keepalived VIP, shared Slurm state).
+The lab has two controllers in HA (LAB_HA=1: keepalived VIP, shared Slurm state); the playbooks, the
+inventory and the event path reach the management cluster as the collection's own identity, with exactly
+the roles of rbac/ (LAB_LEAST_PRIVILEGE=1); the tests' own reads and writes use the lab's admin.
 Order matters (one lab, module scope): 2 -> 4 -> 2 (a long job on a leaving node)
 -> drain timeout keeps the hook -> 0 -> 2, then the faults (docs/elastic.md's table):
 a configuration change reaching running slurmd, slurmctld stopped during a drain, the
 management cluster unreachable at the hook's release, a leaving node powered off, an
 immediate removal, two scale-downs and a scale-up at once, the primary controller's
-machine killed during a drain, the primary's Machine deleted (takeover, then release),
+machine killed during a drain, a soak of random faults with jobs running (tests/soak.py,
+docs/soak.md), the primary's Machine deleted (takeover, then release),
 the last controller's Machine deleted (its hook stays). Each fault test starts with
 jobs running on the leaving nodes and ends with every job's final state: 0 lost, read
 back from Slurm's accounting (sacct, slurmdbd on a machine of its own) too. The
@@ -16,6 +19,7 @@ time from each fault to a safe state goes to <lab>/logs/fault-figures.tsv.
 
 import json
 import os
+import random
 import re
 import threading
 import time
@@ -28,7 +32,7 @@ from labkit import REPO, Lab, has_podman, machine_of, wait_for
 # the lab default munge key source (secret) runs in make lab; this lab generates its key
 # accounting on a machine of its own (elab-db-01): it outlives either controller
 LAB = Lab("elab", "10.89.80", 16480, ".lab/e2e", LAB_CONTROLLERS="2", LAB_HA="1", LAB_COMPUTE="2",
-          LAB_MUNGE_KEY_SOURCE="generate", LAB_DIRECTORY="0", LAB_ACCOUNTING_HOST="1")
+          LAB_MUNGE_KEY_SOURCE="generate", LAB_DIRECTORY="0", LAB_ACCOUNTING_HOST="1", LAB_LEAST_PRIVILEGE="1")
 STATE = LAB.state
 sh, on = LAB.sh, LAB.on
 PRIMARY, BACKUP = "elab-ctl-01", "elab-ctl-02"
@@ -534,7 +538,8 @@ def awx_job(playbook, extravars, tmp_path):
     with open(os.path.join(REPO, "inventories", "capi.capi_machines.yml")) as src:
         (source / "capi.capi_machines.yml").write_text(src.read())
     os.symlink(os.path.join(STATE, "group_vars"), source / "group_vars")
-    envvars = {"K8S_AUTH_KUBECONFIG": os.path.join(STATE, "capi", "kubeconfig"), "ANSIBLE_NOCOLOR": "1",
+    # the collection's own identity (LAB_LEAST_PRIVILEGE=1: the roles of rbac/), as the AWX credential holds it
+    envvars = {"K8S_AUTH_KUBECONFIG": os.path.join(STATE, "capi", "collection.kubeconfig"), "ANSIBLE_NOCOLOR": "1",
                "ANSIBLE_COLLECTIONS_PATH": os.path.join(REPO, ".lab", "collections")}
     out, err = ansible_runner.interface.get_inventory("list", [str(source / "capi.capi_machines.yml")],
                                                       response_format="json", envvars=envvars, quiet=True)
@@ -715,6 +720,27 @@ def test_a_reconcile_after_a_takeover_registers_each_idle_node_again_and_leaves_
     assert res.returncode == 0 and "reconcile: nothing to do" in res.stdout, res.stdout[-3000:]
 
 
+def test_a_soak_of_random_faults_loses_no_job_and_holds_no_machine(lab, capsys):
+    """tests/soak.py on this lab (docs/soak.md): SOAK_MINUTES of faults (default 6) on a random schedule (SOAK_SEED
+    to replay one) with jobs running; every job completes, no Machine held past the limit, and Slurm and Cluster
+    API agree after one reconcile."""
+    import soak  # pylint: disable=import-outside-toplevel
+    seed = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(1, 10 ** 6))
+    minutes = float(os.environ.get("SOAK_MINUTES") or 6)
+    run = soak.Soak(soak.Lab(LAB.env), seed, int(minutes * 60), (1, 4), 300)
+    figures = run.run()
+    counts = (seed, minutes, sum(figures["faults"].values()), figures["jobs"], figures["array_tasks"],
+              len(figures["requeued"]), figures["lost"] or 0, figures["longest_hold_s"])
+    summary = ("soak seed %d, %g min: %d faults, %d jobs (%d array tasks), %d requeued and completed, lost %s, "
+               "longest hold %.1f s" % counts)
+    with capsys.disabled():
+        print("\n[elastic] " + summary)
+    assert not figures["problems"], "%s\nreplay: SOAK_SEED=%d SOAK_MINUTES=%g; problems:\n%s\nthe schedule as it ran: %s" % (
+        summary, seed, minutes, "\n".join(figures["problems"]), json.dumps(figures["schedule"]))
+    record("soak: %d faults in %g min, %d jobs, 0 lost; the longest a Machine was held after its node left Slurm"
+           % (sum(figures["faults"].values()), minutes, figures["jobs"]), figures["longest_hold_s"])
+
+
 def test_the_primary_controller_machine_deleted_hands_over_then_releases(lab):
     global CTL
     primary = machine_of(lab, PRIMARY)["metadata"]["name"]
@@ -781,6 +807,7 @@ def test_every_job_of_the_lab_has_its_final_record_in_accounting(lab):
 def test_no_secret_in_any_log(lab):
     import base64
     token = open(os.path.join(STATE, "capi", "token")).read().strip()
+    collection = re.search(r"token: (\S+)", open(os.path.join(STATE, "capi", "collection.kubeconfig")).read()).group(1)
     password = open(os.path.join(STATE, "capi", "slurmdbd.pw")).read().strip()
     jwt_key = on("elab-db-01", "cat /etc/slurm/jwt_hs256.key").stdout.strip()
     assert len(jwt_key) == 96 and on(CTL, "cat /etc/slurm/jwt_hs256.key").stdout.strip() == jwt_key
@@ -789,6 +816,6 @@ def test_no_secret_in_any_log(lab):
     logs = os.path.join(STATE, "logs")
     for name in os.listdir(logs):
         text = open(os.path.join(logs, name), errors="replace").read()
-        assert token not in text, name
+        assert token not in text and collection not in text, name
         assert key[:40] not in text, name
         assert password not in text and jwt_key not in text, name
