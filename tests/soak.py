@@ -121,18 +121,25 @@ class Lab:
     def on(self, machine, command, timeout=60):
         return self.sh("podman", "exec", machine, "bash", "-c", command, timeout=timeout)
 
-    def slurm(self, command, timeout=60):
-        """A Slurm command's output on a controller whose machine runs (the primary first); None if none answered."""
+    def slurm(self, command, timeout=60, once=False):
+        """A Slurm command's output on a controller whose machine runs (the primary first); None if none answered.
+        once: asked on the first machine that runs only, as a user would (a submission that failed there may
+        still have been taken: asking again elsewhere could submit it twice)."""
         errors = []
         for ctl in self.controllers:
             try:
                 proc = self.on(ctl, command, timeout=timeout)
             except subprocess.TimeoutExpired:
                 errors.append("%s: no answer in %d s" % (ctl, timeout))
+                if once:
+                    break
                 continue
             if proc.returncode == 0:
                 return proc.stdout
             errors.append("%s: %s" % (ctl, " ".join((proc.stderr or proc.stdout).split())[:200]))
+            # podman's own failure (the machine is not running: exit 125-127) is not Slurm's answer
+            if once and proc.returncode not in (125, 126, 127):
+                break
         self.last_error = "; ".join(errors)
         return None
 
@@ -222,7 +229,7 @@ class Soak:
             # (a client that reaches the backup while it is taking control sleeps SlurmctldTimeout / 2, 60 s by
             # default, then asks again: docs/ha.md; it is given that and more)
             out = self.lab.slurm("sbatch --parsable --requeue --output=/dev/null --job-name=soak-%s %s"
-                                 % (kind, args), timeout=180)
+                                 % (kind, args), timeout=180, once=True)
             if out is None:
                 self.refused.append((round(time.time() - self.t0, 1), kind, self.lab.last_error))
                 self.say("sbatch %s refused (the user sees the error; not a lost job): %s" % (kind, self.lab.last_error))
@@ -501,15 +508,17 @@ class Soak:
 
     def unlisted(self):
         """The soak's jobs (by name) accounting has and the soak does not: sbatch failed, yet the job was taken."""
-        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.t0 - 60))
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.t0))
         out = self.lab.slurm("sacct --noheader --parsable2 --allocations --allusers --starttime %s "
-                             "--format JobID,JobName,State" % since, timeout=60) or ""
+                             "--format JobID,JobName,State,Submit" % since, timeout=60) or ""
         with self.lock:
             known = set(self.jobs)
         found = []
         for line in out.splitlines():
             fields = line.split("|")
-            if len(fields) >= 3 and fields[1].startswith("soak-") and fields[0].split("_")[0] not in known:
+            # submitted during this run (the clocks of the lab are this machine's), by the soak, not known to it
+            if len(fields) >= 4 and fields[1].startswith("soak-") and fields[3] >= since \
+                    and fields[0].split("_")[0] not in known:
                 found.append("%s %s %s" % tuple(fields[:3]))
         return found
 
