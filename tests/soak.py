@@ -123,10 +123,11 @@ class Lab:
 
     def slurm(self, command, timeout=60, once=False):
         """A Slurm command's output on a controller whose machine runs (the primary first); None if none answered.
-        once: asked on the first machine that runs only, as a user would (a submission that failed there may
-        still have been taken: asking again elsewhere could submit it twice)."""
+        once: asked on the first controller machine that runs only, as a user would (a submission that failed
+        there may still have been taken: asking again elsewhere could submit it twice)."""
         errors = []
-        for ctl in self.controllers:
+        running = self.running_containers() if once else set(self.controllers)
+        for ctl in [c for c in self.controllers if c in running] or self.controllers[:1]:
             try:
                 proc = self.on(ctl, command, timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -137,8 +138,7 @@ class Lab:
             if proc.returncode == 0:
                 return proc.stdout
             errors.append("%s: %s" % (ctl, " ".join((proc.stderr or proc.stdout).split())[:200]))
-            # podman's own failure (the machine is not running: exit 125-127) is not Slurm's answer
-            if once and proc.returncode not in (125, 126, 127):
+            if once:
                 break
         self.last_error = "; ".join(errors)
         return None
