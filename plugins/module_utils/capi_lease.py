@@ -204,7 +204,30 @@ class LeaseHeld(Exception):
         self.holder = holder
 
 
-def pid_alive(pid):
+def process_start(pid):
+    """When process pid started (clock ticks since boot, from /proc), or None when it is gone or has exited and
+    waits to be reaped (a zombie: its parent has not collected it yet). "" where /proc cannot tell."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            fields = fh.read().rpartition(")")[2].split()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return ""
+    if not fields or fields[0] in ("Z", "X", "x"):
+        return None
+    return fields[19] if len(fields) > 19 else ""
+
+
+def pid_alive(pid, started=None):
+    """Whether the run's process still runs: not gone, not a zombie (an exited ansible-playbook its parent has
+    not reaped yet answers kill(pid, 0) as if it ran), and not another process that took its pid (started:
+    process_start's value when the run was seen alive)."""
+    start = process_start(pid)
+    if start is None:
+        return False
+    if start and started and start != started:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -219,6 +242,7 @@ def keep_renewed(lock, pid, interval):
 
     When the run dies (killed, crashed) renewals stop and the Lease lapses after its
     duration: the next run takes it. Returns the renewer's pid in the parent."""
+    started = process_start(pid)
     read_end, write_end = os.pipe()
     first = os.fork()
     if first:
@@ -240,9 +264,9 @@ def keep_renewed(lock, pid, interval):
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
         os.closerange(3, 1024)  # and no pipe of the run's stays open (Ansible waits for them to close)
-        while pid_alive(pid):
+        while pid_alive(pid, started):
             time.sleep(interval)
-            if not pid_alive(pid):
+            if not pid_alive(pid, started):
                 break
             try:
                 if not lock.renew():

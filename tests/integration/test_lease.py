@@ -119,6 +119,24 @@ def test_a_killed_run_lapses_and_the_next_takes_over(world, tmp_path):
     assert holder(world) is None
 
 
+def test_a_run_dead_but_not_reaped_lapses_too(world, tmp_path):
+    # a run that died but whose parent has not collected it yet (a zombie: kill(pid, 0) still answers) must not
+    # be renewed: found by the soak, where a run's Lease was renewed for minutes after the run had ended
+    a = start(world, tmp_path, "a", duration=5, hold=30, release=False)
+    assert wait_for(lambda: holder(world) is not None)
+    dead = holder(world)
+    os.killpg(a.pid, signal.SIGKILL)
+    assert wait_for(lambda: open("/proc/%d/stat" % a.pid).read().rpartition(")")[2].split()[0] == "Z")
+    try:
+        started = time.monotonic()
+        rc, out = finish(start(world, tmp_path, "b", duration=5, timeout=60))
+        assert rc == 0, out
+        assert taken(out)["previous_holder"] == dead
+        assert time.monotonic() - started < 30
+    finally:
+        a.communicate()  # reaped only now
+
+
 def test_check_mode_takes_nothing(world, tmp_path):
     rc, out = finish(start(world, tmp_path, "a", check=True))
     assert rc == 0, out

@@ -18,6 +18,8 @@ from ansible_collections.converged.hpc.plugins.module_utils.capi_lease import (
     LeaseLock,
     micro_time,
     parse_time,
+    pid_alive,
+    process_start,
 )
 
 
@@ -181,3 +183,22 @@ def test_missing_namespace_is_named(backend, ns):
 def test_no_rbac_for_leases_is_named(backend, ns):
     with pytest.raises(CapiApiError, match="get, create and update on leases.coordination.k8s.io"):
         lock(backend, "run-a", token=READONLY_TOKEN).acquire(timeout=0)
+
+
+def test_a_zombie_or_a_reused_pid_is_not_the_run_alive():
+    import os  # pylint: disable=import-outside-toplevel
+    me = process_start(os.getpid())
+    assert me and pid_alive(os.getpid(), me)
+    assert not pid_alive(os.getpid(), str(int(me) + 1))  # the pid taken by another process since
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    try:
+        for attempt in range(200):  # exited, not reaped yet: a zombie
+            if process_start(child) is None:
+                break
+            threading.Event().wait(0.01)
+        assert process_start(child) is None and not pid_alive(child)
+    finally:
+        os.waitpid(child, 0)
+    assert not pid_alive(child)
