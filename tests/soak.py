@@ -365,6 +365,8 @@ class Soak:
         return "started"
 
     def undo_due(self, everything=False):
+        for proc in self.duplicates:
+            proc.poll()  # collected when it ends, as AWX's runner collects its jobs
         for entry in sorted(self.outages, key=lambda e: e[0]):
             when, what, undo = entry
             if everything or when <= time.time():
