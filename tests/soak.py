@@ -47,10 +47,11 @@ JOBS = {"short": 5, "long": 2, "two-node": 2, "array": 1}
 UNFINISHED = {"RUNNING", "PENDING", "REQUEUED", "COMPLETING", "CONFIGURING", "SUSPENDED", "RESIZING"}
 
 
-def make_schedule(seed, seconds, replicas, gap=(12, 40)):
-    """The faults of a run: a list of steps {at, kind, ...}, the same for the same arguments."""
+def make_schedule(seed, seconds, replicas, gap=(12, 40), without=()):
+    """The faults of a run: a list of steps {at, kind, ...}, the same for the same arguments (without: kinds left
+    out)."""
     rng = random.Random(seed)
-    kinds = sorted(KINDS)
+    kinds = sorted(k for k in KINDS if k not in without)
     steps, at = [], rng.uniform(5, 15)
     while at < seconds:
         kind = rng.choices(kinds, [KINDS[k] for k in kinds])[0]
@@ -199,9 +200,9 @@ def hostname(machine):
 
 
 class Soak:
-    def __init__(self, lab, seed, seconds, replicas, hold_limit, out=sys.stdout):
+    def __init__(self, lab, seed, seconds, replicas, hold_limit, out=sys.stdout, without=()):
         self.lab, self.seed, self.seconds, self.replicas, self.hold_limit = lab, seed, seconds, replicas, hold_limit
-        self.schedule = make_schedule(seed, seconds, replicas)
+        self.schedule = make_schedule(seed, seconds, replicas, without=without)
         self.job_plan = make_jobs(seed, seconds)
         self.out = out
         self.t0 = None
@@ -582,6 +583,8 @@ def main(argv=None):
     ap.add_argument("--replicas", type=replicas_range, default=(1, 4), help="the compute replicas range (1-4)")
     ap.add_argument("--hold-limit", type=int, default=300,
                     help="seconds a Machine may stay held by our hook after its node left Slurm (300)")
+    ap.add_argument("--without", action="append", default=[], choices=sorted(KINDS),
+                    help="a kind of fault left out (again for more)")
     ap.add_argument("--schedule", action="store_true", help="print the schedule of this seed and stop")
     args = ap.parse_args(argv)
     if args.minutes <= 0:
@@ -589,10 +592,10 @@ def main(argv=None):
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10 ** 6)
     seconds = int(args.minutes * 60)
     if args.schedule:
-        print(json.dumps({"seed": seed, "faults": make_schedule(seed, seconds, args.replicas),
+        print(json.dumps({"seed": seed, "faults": make_schedule(seed, seconds, args.replicas, without=args.without),
                           "jobs": make_jobs(seed, seconds)}, indent=1))
         return 0
-    soak = Soak(Lab(), seed, seconds, args.replicas, args.hold_limit)
+    soak = Soak(Lab(), seed, seconds, args.replicas, args.hold_limit, without=args.without)
     figures = soak.run()
     print(json.dumps({k: v for k, v in figures.items() if k != "schedule"}, indent=1))
     if figures["problems"]:

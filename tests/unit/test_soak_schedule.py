@@ -60,3 +60,8 @@ def test_the_schedule_is_printed_without_a_lab(capsys):
     assert soak.main(["--schedule", "--seed", "9", "--minutes", "2"]) == 0
     out = capsys.readouterr().out
     assert '"seed": 9' in out and '"faults"' in out and '"jobs"' in out
+
+
+def test_a_kind_left_out_never_comes():
+    for seed in range(1, 20):
+        assert "primary" not in {s["kind"] for s in soak.make_schedule(seed, 600, (1, 4), without=("primary",))}
