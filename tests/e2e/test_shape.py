@@ -312,13 +312,14 @@ def test_hardware_is_never_declared_above_what_the_host_shows(lab):
     finally:
         hardware = metal3["status"]["hardware"]
         set_metal3_hardware(CN, hardware["ramMebibytes"], hardware["cpu"]["count"])
-    # figures above them, given by hand, fail naming both before slurmd's options are written
+    # figures above them, given by hand, fail naming both before slurmd's options are written (the run limited
+    # to the host: the others' roles would only say again what the full converges below say)
     for extra, message in (("slurm_compute_real_memory=%d" % (seen + 1),
                             "%s: slurm_compute_real_memory %d MiB is more than the %d MiB the OS reports"
                             % (CN, seen + 1, seen)),
                            ("slurm_compute_cpus=%d" % (cpus + 1),
                             "%s: slurm_compute_cpus %d is more than the %d CPUs the host shows" % (CN, cpus + 1, cpus))):
-        res = LAB.playbook("site.yml", extra)
+        res = LAB.playbook("site.yml", extra, limit=CN)
         assert res.returncode != 0
         assert message in res.stdout, res.stdout[-3000:]
         assert not re.search(r"changed=[1-9]", res.stdout), res.stdout[-3000:]
@@ -336,8 +337,9 @@ def test_a_node_refused_for_its_memory_registers_again_when_converged(lab):
     node = on(CTL, "scontrol show node %s" % CN).stdout
     assert "INVALID_REG" in node and "Low RealMemory" in node, node
     # the converge writes the declaration again; the record keeps the old one, so the refused node
-    # (no job can run on it) is deleted and registers again
-    res = LAB.playbook("site.yml")
+    # (no job can run on it) is deleted and registers again (a run limited to it: the record is deleted
+    # on the controller all the same)
+    res = LAB.playbook("site.yml", limit=CN)
     assert res.returncode == 0, res.stdout[-3000:]
     assert re.search(r"Delete the node's record\] \**\n(?:(?!TASK).*\n)*?changed: \[%s" % CN, res.stdout), res.stdout[-3000:]
     node = on(CTL, "scontrol show node %s" % CN).stdout
@@ -366,7 +368,7 @@ def test_a_changed_declaration_reaches_slurm_at_once_on_an_idle_node_and_waits_o
         on(CTL, "scancel %s" % job)
     wait_gone_from_queue(job)
     # the host stayed out of the fast path: the next converge applies it, now that the node is idle
-    res = LAB.playbook("site.yml")
+    res = LAB.playbook("site.yml", limit=HM)
     assert res.returncode == 0 and NOTHING_TO_DO not in res.stdout, res.stdout[-3000:]
     assert "MemSpecLimit=256 " in record() and "State=IDLE+DYNAMIC_NORM " in record(), record()
 
