@@ -8,7 +8,15 @@ autoscale.yml, Machine events run reconcile.yml); nobody runs a playbook. For ea
   (b) the job done -> the MachineDeployment back at 0 replicas and the Machines gone
       (idle time + cooldown + the drain and the hook's release).
 
-    python3 bench/autoscale.py [--nodes 1,2] [--interval 10] [--idle-time 20] [--keep]
+(a) is also split where its seconds go: the MachineDeployment's replicas raised (the tick and autoscale.yml),
+every Machine Provisioned (Cluster API, CAPM3 and the Bare Metal Operator claim and provision the hosts), every
+node IDLE in Slurm (the join: reconcile.yml's converge, or the first boot), the job RUNNING (Slurm).
+
+    python3 bench/autoscale.py [--nodes 1,2] [--interval 10] [--idle-time 20] [--join-at-boot] [--keep]
+
+--join-at-boot runs the same rounds again in the same lab with the compute MachineDeployment joining at
+first boot (converged_join_at_boot, its Secret written by join_at_boot.yml and named by its template):
+the two ways side by side, on one machine in one run.
 
 On the real management cluster (kube-apiserver, Cluster API, CAPM3 and the Bare Metal Operator).
 
@@ -59,6 +67,8 @@ def main():
     ap.add_argument("--nodes", default="1,2", help="nodes each round's job asks for")
     ap.add_argument("--interval", type=int, default=10, help="the autoscaler's tick (s)")
     ap.add_argument("--idle-time", type=int, default=20, help="converged_autoscale_idle_time (s)")
+    ap.add_argument("--join-at-boot", action="store_true",
+                    help="then the same rounds with the MachineDeployment joining at first boot")
     ap.add_argument("--keep", action="store_true", help="leave the lab up")
     args = ap.parse_args()
     ENV["LAB_AUTOSCALE_INTERVAL"] = str(args.interval)
@@ -89,26 +99,60 @@ def run(args):
                                                 label_selector="cluster.x-k8s.io/deployment-name=" + MD)["items"]
 
     def state(job):
-        found = re.search(r"JobState=(\S+)", on("scontrol show job --oneliner %s || true" % job))
-        return found.group(1) if found else "UNKNOWN"
+        """(the job's state, the set of nodes IDLE in Slurm), in one exec on the controller."""
+        out = on("scontrol show job --oneliner %s || true; echo ---; sinfo -h -N -o '%%N %%t' || true" % job)
+        found = re.search(r"JobState=(\S+)", out)
+        idle = {line.split()[0] for line in out.split("---", 1)[1].splitlines() if line.strip().endswith(" idle")}
+        return (found.group(1) if found else "UNKNOWN"), idle
+
+    def provisioned():
+        return [m for m in machines() if (m.get("status") or {}).get("phase") in ("Provisioned", "Running")]
+
+    def join_at_boot():
+        """The compute MachineDeployment's new Machines join at their first boot, as a site sets it."""
+        with open(os.path.join(STATE, "group_vars", "all", "join-at-boot.yml"), "w") as fh:
+            fh.write("converged_join_at_boot: [%s]\n" % MD)
+        sh("ansible-playbook", "-i", os.path.join(STATE, "capi.capi_machines.yml"), "playbooks/join_at_boot.yml")
+        co.patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", NS, "machinedeployments", MD, {
+            "spec": {"template": {"spec": {"bootstrap": {"dataSecretName": MD + "-join"}}}}})
 
     print("autoscale bench (the real Cluster API, CAPM3 and Bare Metal Operator): tick %d s, idle time %d s, "
           "cooldown 0, prebaked image" % (args.interval, args.idle_time))
-    print("%-6s %-22s %-22s %-s" % ("nodes", "sbatch -> RUNNING (s)", "done -> 0 replicas (s)", "peak replicas"))
+    print("sbatch -> RUNNING is split: scaled (replicas raised), provisioned (every Machine Provisioned), "
+          "joined (every node IDLE), RUNNING; each from sbatch")
+    print("%-14s %-6s %-8s %-12s %-8s %-22s %-22s %-s" % (
+        "join", "nodes", "scaled", "provisioned", "joined", "sbatch -> RUNNING (s)", "done -> 0 replicas (s)",
+        "peak replicas"))
     try:
-        for nodes in [int(n) for n in args.nodes.split(",")]:
-            wait("an empty pool", lambda: replicas() == 0 and not machines())
-            t0 = time.time()
-            job = on("sbatch --parsable -N %d --wrap 'sleep 5'" % nodes).strip()
-            peak = [0]
+        for variant in ("reconcile.yml", "at first boot") if args.join_at_boot else ("reconcile.yml",):
+            if variant == "at first boot":
+                wait("an empty pool", lambda: replicas() == 0 and not machines())
+                join_at_boot()
+            for nodes in [int(n) for n in args.nodes.split(",")]:
+                wait("an empty pool", lambda: replicas() == 0 and not machines())
+                before = {m["metadata"]["name"] for m in machines()}
+                t0 = time.time()
+                job = on("sbatch --parsable -N %d --wrap 'sleep 5'" % nodes).strip()
+                peak, marks = [0], {}
 
-            def running():
-                peak[0] = max(peak[0], replicas())
-                return state(job) in ("RUNNING", "COMPLETING", "COMPLETED")
-            t_run = wait("job %s running" % job, running)
-            t_done = wait("job %s completed" % job, lambda: state(job) == "COMPLETED")
-            t_zero = wait("back to 0", lambda: replicas() == 0 and not machines())
-            print("%-6d %-22.1f %-22.1f %d" % (nodes, t_run - t0, t_zero - t_done, peak[0]), flush=True)
+                def running(job=job, nodes=nodes, t0=t0, before=before, peak=peak, marks=marks):
+                    count = replicas()
+                    peak[0] = max(peak[0], count)
+                    if count and "scaled" not in marks:
+                        marks["scaled"] = time.time() - t0
+                    if "provisioned" not in marks and \
+                            len([m for m in provisioned() if m["metadata"]["name"] not in before]) >= nodes:
+                        marks["provisioned"] = time.time() - t0
+                    job_state, idle = state(job)
+                    if "joined" not in marks and (len(idle) >= nodes or job_state != "PENDING"):
+                        marks["joined"] = time.time() - t0
+                    return job_state in ("RUNNING", "COMPLETING", "COMPLETED")
+                t_run = wait("job %s running" % job, running)
+                t_done = wait("job %s completed" % job, lambda job=job: state(job)[0] == "COMPLETED")
+                t_zero = wait("back to 0", lambda: replicas() == 0 and not machines())
+                split = ["%.1f" % marks[k] if k in marks else "-" for k in ("scaled", "provisioned", "joined")]
+                print("%-14s %-6d %-8s %-12s %-8s %-22.1f %-22.1f %d" % (
+                    variant, nodes, split[0], split[1], split[2], t_run - t0, t_zero - t_done, peak[0]), flush=True)
     finally:
         sh("lab/lab.sh", "events-stop")
         if not args.keep:
