@@ -25,6 +25,7 @@ the autoscaler sees the job; (b) includes the idle time and up to one interval.
 """
 
 import argparse
+import functools
 import os
 import re
 import subprocess
@@ -116,6 +117,23 @@ def run(args):
         co.patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", NS, "machinedeployments", MD, {
             "spec": {"template": {"spec": {"bootstrap": {"dataSecretName": MD + "-join"}}}}})
 
+    def running(job, nodes, t0, before, peak, marks):
+        """Whether the job runs; marks when the replicas were raised, the Machines Provisioned, the nodes IDLE."""
+        count = replicas()
+        peak[0] = max(peak[0], count)
+        if count and "scaled" not in marks:
+            marks["scaled"] = time.time() - t0
+        if "provisioned" not in marks and \
+                len([m for m in provisioned() if m["metadata"]["name"] not in before]) >= nodes:
+            marks["provisioned"] = time.time() - t0
+        job_state, idle = state(job)
+        if "joined" not in marks and (len(idle) >= nodes or job_state != "PENDING"):
+            marks["joined"] = time.time() - t0
+        return job_state in ("RUNNING", "COMPLETING", "COMPLETED")
+
+    def completed(job):
+        return state(job)[0] == "COMPLETED"
+
     print("autoscale bench (the real Cluster API, CAPM3 and Bare Metal Operator): tick %d s, idle time %d s, "
           "cooldown 0, prebaked image" % (args.interval, args.idle_time))
     print("sbatch -> RUNNING is split: scaled (replicas raised), provisioned (every Machine Provisioned), "
@@ -134,21 +152,8 @@ def run(args):
                 t0 = time.time()
                 job = on("sbatch --parsable -N %d --wrap 'sleep 5'" % nodes).strip()
                 peak, marks = [0], {}
-
-                def running(job=job, nodes=nodes, t0=t0, before=before, peak=peak, marks=marks):
-                    count = replicas()
-                    peak[0] = max(peak[0], count)
-                    if count and "scaled" not in marks:
-                        marks["scaled"] = time.time() - t0
-                    if "provisioned" not in marks and \
-                            len([m for m in provisioned() if m["metadata"]["name"] not in before]) >= nodes:
-                        marks["provisioned"] = time.time() - t0
-                    job_state, idle = state(job)
-                    if "joined" not in marks and (len(idle) >= nodes or job_state != "PENDING"):
-                        marks["joined"] = time.time() - t0
-                    return job_state in ("RUNNING", "COMPLETING", "COMPLETED")
-                t_run = wait("job %s running" % job, running)
-                t_done = wait("job %s completed" % job, lambda job=job: state(job)[0] == "COMPLETED")
+                t_run = wait("job %s running" % job, functools.partial(running, job, nodes, t0, before, peak, marks))
+                t_done = wait("job %s completed" % job, functools.partial(completed, job))
                 t_zero = wait("back to 0", lambda: replicas() == 0 and not machines())
                 split = ["%.1f" % marks[k] if k in marks else "-" for k in ("scaled", "provisioned", "joined")]
                 print("%-14s %-6d %-8s %-12s %-8s %-22.1f %-22.1f %d" % (
