@@ -62,7 +62,7 @@ def job(job_id, state, reason):
         job_id, state, reason)
 
 
-def run_repair(tmp_path, polls, seconds=4):
+def run_repair(tmp_path, polls, seconds=3):
     """polls: a list of (node lines, job lines), one per poll (the last repeats); the scontrol calls it made."""
     stubs = tmp_path / "stubs"
     bin_dir = tmp_path / "bin"
