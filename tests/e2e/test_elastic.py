@@ -803,9 +803,11 @@ def test_the_last_controller_keeps_its_hook(lab):
 
 def test_every_job_of_the_lab_has_its_final_record_in_accounting(lab):
     # through both controllers' lives: the primary was killed, then deleted; slurmdbd on elab-db-01 kept it all
+    # each array task (the soak submits arrays) by its own job id: JobIDRaw (JobID says 22_1, which int() reads
+    # as 221)
     out = on(CTL, "sacct --noheader --parsable2 --allocations --allusers --starttime 2000-01-01 "
-                  "--format JobID,State,ExitCode").stdout.strip().splitlines()
-    jobs = {int(line.split("|")[0]): line.split("|")[1] for line in out}
+                  "--format JobIDRaw,JobID,State,ExitCode").stdout.strip().splitlines()
+    jobs = {int(line.split("|")[0]): line.split("|")[2] for line in out}
     listing = "\n".join(out)
     assert len(jobs) >= 10, listing
     # none missing: every job id Slurm gave out has its record...
