@@ -337,9 +337,8 @@ def test_a_node_refused_for_its_memory_registers_again_when_converged(lab):
     node = on(CTL, "scontrol show node %s" % CN).stdout
     assert "INVALID_REG" in node and "Low RealMemory" in node, node
     # the converge writes the declaration again; the record keeps the old one, so the refused node
-    # (no job can run on it) is deleted and registers again (a run limited to it: the record is deleted
-    # on the controller all the same)
-    res = LAB.playbook("site.yml", limit=CN)
+    # (no job can run on it) is deleted and registers again
+    res = LAB.playbook("site.yml")
     assert res.returncode == 0, res.stdout[-3000:]
     assert re.search(r"Delete the node's record\] \**\n(?:(?!TASK).*\n)*?changed: \[%s" % CN, res.stdout), res.stdout[-3000:]
     node = on(CTL, "scontrol show node %s" % CN).stdout
@@ -368,7 +367,7 @@ def test_a_changed_declaration_reaches_slurm_at_once_on_an_idle_node_and_waits_o
         on(CTL, "scancel %s" % job)
     wait_gone_from_queue(job)
     # the host stayed out of the fast path: the next converge applies it, now that the node is idle
-    res = LAB.playbook("site.yml", limit=HM)
+    res = LAB.playbook("site.yml")
     assert res.returncode == 0 and NOTHING_TO_DO not in res.stdout, res.stdout[-3000:]
     assert "MemSpecLimit=256 " in record() and "State=IDLE+DYNAMIC_NORM " in record(), record()
 
