@@ -132,7 +132,7 @@ E2E_RUN := $(PYTHON) -m pytest -q --durations=8
 # by the command AFTER (if any) in the background (their output in .lab/logs/e2e-elastic.log,
 # e2e-autoscale.log and checks.log, printed at the end) beside the command OTHERS; fails when any fails
 beside = set +e; start=$$(date +%s); \
-	( $(MAKE) -s -k e2e-elastic e2e-two matrix >.lab/logs/e2e-elastic.log 2>&1; rc=$$?; echo $$(( $$(date +%s) - start )) >.lab/logs/e2e-elastic.s; \
+	( $(MAKE) -s -k e2e-elastic e2e-two matrix e2e-releases >.lab/logs/e2e-elastic.log 2>&1; rc=$$?; echo $$(( $$(date +%s) - start )) >.lab/logs/e2e-elastic.s; \
 	  exit $$rc ) & elastic_pid=$$!; \
 	( $(MAKE) -s e2e-autoscale >.lab/logs/e2e-autoscale.log 2>&1; echo $$? >.lab/logs/e2e-autoscale.rc; \
 	  echo $$(( $$(date +%s) - start )) >.lab/logs/e2e-autoscale.s; \
@@ -141,7 +141,7 @@ beside = set +e; start=$$(date +%s); \
 	$(2) 2>&1 | tee .lab/logs/$(1)-others.log; others=$${PIPESTATUS[0]}; others_s=$$(( $$(date +%s) - start )); \
 	wait $$elastic_pid; elastic=$$?; wait $$second_pid; \
 	autoscale=$$(cat .lab/logs/e2e-autoscale.rc); checks=$$(cat .lab/logs/checks.rc); \
-	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)), then the two clusters lab ($(E2E_TWO)), then the ansible-core matrix:"; cat .lab/logs/e2e-elastic.log; \
+	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)), then the two clusters lab ($(E2E_TWO)), the ansible-core matrix, the Slurm 22.05 lab ($(E2E_RELEASES)):"; cat .lab/logs/e2e-elastic.log; \
 	echo "[$(1)] the autoscale lab ($(E2E_AUTOSCALE)):"; cat .lab/logs/e2e-autoscale.log; \
 	$(if $(3),echo "[$(1)] after the autoscale lab$(comma) $(3):"; cat .lab/logs/checks.log;) \
 	echo "[$(1)] what failed (pytest's FAILED/ERROR lines, ansible-test's and ansible-lint's errors, molecule's failed scenarios), if anything:"; \
@@ -153,7 +153,7 @@ beside = set +e; start=$$(date +%s); \
 
 e2e: dev-collection images kube-assets
 	@mkdir -p .lab/logs
-	@$(call beside,e2e,$(MAKE) -s -k e2e-others,$(MAKE) -s -k e2e-releases e2e-converged)
+	@$(call beside,e2e,$(MAKE) -s -k e2e-others,$(MAKE) -s -k e2e-converged)
 
 e2e-elastic: dev-collection images kube-assets
 	$(E2E_RUN) $(E2E_ELASTIC)
@@ -178,10 +178,12 @@ e2e-two: dev-collection images kube-assets
 
 ## make test       everything CI runs (installs what is missing first): the real servers (make
 ##                 kube-assets, CPU) built while the lab images build (mostly downloads), then three
-##                 streams at once: the elastic lab, then the two clusters lab, then the ansible-core matrix;
-##                 the autoscale lab, then pytest, lint and sanity, then the Slurm 22.05 lab (on the oldest
-##                 ansible-core) and the shared pool lab; the molecule scenarios, then
-##                 the other labs (the first two streams' output is printed at the end, and kept in .lab/logs/). The cluster
+##                 streams at once: the elastic lab, the two clusters lab, the ansible-core matrix (its unit
+##                 tests on the oldest: MATRIX_UNIT=all for each), the Slurm 22.05 lab (on the oldest
+##                 ansible-core); the autoscale lab, then pytest, lint and sanity, the shared pool lab and the
+##                 default molecule scenario; the cluster and ha scenarios, then the other labs (the first two
+##                 streams' output is printed at the end, and kept in .lab/logs/). The soak runs in the elastic
+##                 lab only when asked (make test SOAK_MINUTES=3; docs/soak.md). The cluster
 ##                 scenario on 22.05 (make molecule-22.05) is not in it: the 22.05 lab converges, validates and
 ##                 converges again with nothing changed, on the same release
 test: deps
@@ -189,7 +191,7 @@ test: deps
 	@set +e; ( set -o pipefail; $(MAKE) -s kube-assets 2>&1 | tee .lab/logs/kube-assets.log ) & kube_pid=$$!; \
 	  $(MAKE) images dev-collection; images=$$?; wait $$kube_pid; kube=$$?; \
 	  echo "[test] exit codes: images: $$images, kube-assets: $$kube"; test $$images -eq 0 && test $$kube -eq 0
-	@$(call beside,test,$(MAKE) -k molecule e2e-others,$(MAKE) -k unit lint e2e-releases e2e-converged)
+	@$(call beside,test,$(MAKE) -k molecule e2e-others SCENARIOS="cluster ha",$(MAKE) -k unit lint e2e-converged molecule SCENARIOS=default)
 
 ## make build      build the collection tarball
 build:

@@ -726,15 +726,16 @@ def test_a_reconcile_after_a_takeover_registers_each_idle_node_again_and_leaves_
 
 
 def test_a_soak_of_random_faults_loses_no_job_and_holds_no_machine(lab, capsys):
-    """tests/soak.py on this lab (docs/soak.md): SOAK_MINUTES of faults (default 3: make test's time is CI's, the
-    long runs are make soak's) on a random schedule (SOAK_SEED to replay one) with jobs running; every job
-    completes, no Machine held past SOAK_HOLD_LIMIT seconds (600), and Slurm and Cluster API agree after one
-    reconcile. SOAK_MINUTES=0 leaves it out."""
+    """tests/soak.py on this lab (docs/soak.md): SOAK_MINUTES of faults on a random schedule (SOAK_SEED to replay
+    one) with jobs running; every job completes, no Machine held past SOAK_HOLD_LIMIT seconds (600), and Slurm
+    and Cluster API agree after one reconcile. Only when SOAK_MINUTES is given (make test SOAK_MINUTES=3): CI's
+    make test has no room for it (3 minutes of it and its settling took 7.4 minutes, and slowed the two labs
+    beside it); the long runs are by hand, on a lab of their own."""
     import soak  # pylint: disable=import-outside-toplevel
     seed = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(1, 10 ** 6))
-    minutes = float(os.environ.get("SOAK_MINUTES") or 3)
+    minutes = float(os.environ.get("SOAK_MINUTES") or 0)
     if minutes <= 0:
-        pytest.skip("SOAK_MINUTES=%s: no soak" % os.environ["SOAK_MINUTES"])
+        pytest.skip("no SOAK_MINUTES: the soak is left out (make test SOAK_MINUTES=3 runs it here)")
     # the hold limit guards against a Machine forgotten; make test runs three labs on two cores, where one
     # reconcile's join takes minutes (3.7 min seen with a fourth lab beside): 10 minutes there
     hold_limit = int(os.environ.get("SOAK_HOLD_LIMIT") or 600)
