@@ -103,6 +103,12 @@ def test_a_second_run_waits_for_the_first(world, tmp_path):
     assert taken(out)["holder"] != first
 
 
+def kill_workers(tmp_path, name):
+    """The killed run's workers: in sessions of their own, they outlive it, and one blocked on its dead parent's
+    pipe stays for good (seen, after a whole make test)."""
+    subprocess.run(["pkill", "-KILL", "-f", str(tmp_path / ("%s.yml" % name))], check=False)
+
+
 def test_a_killed_run_lapses_and_the_next_takes_over(world, tmp_path):
     # ansible-playbook's workers run in sessions of their own: the one in the pause outlives the
     # kill below (not the run: the renewer follows ansible-playbook itself), for at most the pause
@@ -111,6 +117,7 @@ def test_a_killed_run_lapses_and_the_next_takes_over(world, tmp_path):
     dead = holder(world)
     os.killpg(a.pid, signal.SIGKILL)  # the whole run dies at once, as a killed AWX job
     a.communicate()
+    kill_workers(tmp_path, "a")
     started = time.monotonic()
     rc, out = finish(start(world, tmp_path, "b", duration=5, timeout=60))
     assert rc == 0, out
@@ -135,6 +142,7 @@ def test_a_run_dead_but_not_reaped_lapses_too(world, tmp_path):
         assert time.monotonic() - started < 30
     finally:
         a.communicate()  # reaped only now
+        kill_workers(tmp_path, "a")
 
 
 def test_check_mode_takes_nothing(world, tmp_path):
