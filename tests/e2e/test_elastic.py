@@ -9,7 +9,7 @@ Order matters (one lab, module scope): 2 -> 4 -> 2 (a long job on a leaving node
 a configuration change reaching running slurmd, slurmctld stopped during a drain, the
 management cluster unreachable at the hook's release, a leaving node powered off, an
 immediate removal, two scale-downs and a scale-up at once, the primary controller's
-machine killed during a drain, a soak of random faults with jobs running (tests/soak.py,
+machine killed during a drain, a soak of random faults with jobs running (with SOAK_MINUTES: tests/soak.py,
 docs/soak.md), the primary's Machine deleted (takeover, then release),
 the last controller's Machine deleted (its hook stays). Each fault test starts with
 jobs running on the leaving nodes and ends with every job's final state: 0 lost, read
