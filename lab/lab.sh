@@ -585,8 +585,15 @@ EOF
     printf 'lab_gpu_pool_hosts: "%s-bm-[01-%02d]"\n' "$LAB_NAME" "$LAB_BARE_METAL_GPU" >>"$STATE/group_vars/all/lab.yml"
   fi
   if (( LAB_KUBERNETES_GPU > 0 )); then
+    local workload_kubeconfig="$dir/workload/kubeconfig"
+    if [[ "$LAB_LEAST_PRIVILEGE" == 1 ]]; then
+      # rebalance.yml's reads of the workload cluster: its own identity there, with rbac/workload_reader.yml only
+      workload_kubeconfig="$dir/workload/collection.kubeconfig"
+      python3 "$LAB_DIR/mgmt.py" identity "$dir/workload/kubeconfig" "$workload_kubeconfig" --role workload_reader \
+        || die "making the collection's identity in the workload cluster (lab/mgmt.py identity --role workload_reader) failed"
+    fi
     printf '%s\n' "# Written by lab/lab.sh (LAB_KUBERNETES_GPU): the Kubernetes workload cluster on the same pool." \
-      "converged_rebalance_workload_kubeconfig: $dir/workload/kubeconfig" \
+      "converged_rebalance_workload_kubeconfig: $workload_kubeconfig" \
       "converged_rebalance_pairs:" "  - {slurm: $LAB_NAME-gpu, kubernetes: $LAB_NAME-k8s-gpu, partition: gpu, resource: nvidia.com/gpu}" \
       >"$STATE/group_vars/all/rebalance.yml"
   fi

@@ -175,15 +175,19 @@ MANAGEMENT_ROLES = ("inventory", "lifecycle", "autoscale", "join_at_boot", "move
 
 
 def identity(args):
-    """The collection's ServiceAccount with every management-cluster role of rbac/, and a kubeconfig holding a
-    token of its (what a site does with kubectl apply, create serviceaccount, create clusterrolebinding,
-    create token)."""
+    """The collection's ServiceAccount with the roles of rbac/ that --role names (by default every
+    management-cluster one), and a kubeconfig holding a token of its (what a site does with kubectl apply,
+    create serviceaccount, create clusterrolebinding, create token)."""
+    parts = args.role or list(MANAGEMENT_ROLES)
+    unknown = [p for p in parts if not os.path.isfile(os.path.join(REPO, "rbac", p + ".yml"))]
+    if unknown:
+        raise SystemExit("lab/mgmt.py identity: no such role in rbac/: %s" % ", ".join(unknown))
     api = kubeapi.api_from_kubeconfig(args.kubeconfig)
     api.namespace(args.namespace)
     subject = {"kind": "ServiceAccount", "name": args.name, "namespace": args.namespace}
     docs = [{"apiVersion": "v1", "kind": "ServiceAccount",
              "metadata": {"name": args.name, "namespace": args.namespace}}]
-    for part in MANAGEMENT_ROLES:
+    for part in parts:
         with open(os.path.join(REPO, "rbac", part + ".yml")) as fh:
             role = next(doc for doc in yaml.safe_load_all(fh) if doc and doc.get("kind") == "ClusterRole")
         docs += [role, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
@@ -236,6 +240,8 @@ def main(argv=None):
     who.add_argument("--namespace", default="converged-hpc")
     who.add_argument("--name", default="converged-hpc")
     who.add_argument("--seconds", type=int, default=7 * 86400, help="the token's lifetime")
+    who.add_argument("--role", action="append", default=[],
+                     help="a role of rbac/ (its file's name: workload_reader), again for more; every management-cluster one unless given")
     args = ap.parse_args(argv)
     if args.command == "claimed":
         return claimed(args)

@@ -24,7 +24,8 @@ from labkit import Lab, has_podman, wait_for
 # LAB_RAM_MIB: the BareMetalHosts report more memory than the machines show, as real ones do (Metal3's
 # figure is the memory installed), so a node that joined at boot declares what a converge would
 LAB = Lab("alab", "10.89.87", 16487, ".lab/e2e-autoscale", LAB_COMPUTE="0", LAB_DIRECTORY="0",
-          LAB_EVENTS_RULEBOOK="autoscale", LAB_AUTOSCALE_INTERVAL="10", LAB_RAM_MIB="1048576")
+          LAB_EVENTS_RULEBOOK="autoscale", LAB_AUTOSCALE_INTERVAL="10", LAB_RAM_MIB="1048576",
+          LAB_LEAST_PRIVILEGE="1")
 STATE = LAB.state
 sh, on = LAB.sh, LAB.on
 CTL = "alab-ctl-01"
