@@ -182,8 +182,8 @@ e2e-two: dev-collection images kube-assets
 ##                 tests on the oldest: MATRIX_UNIT=all for each), the Slurm 22.05 lab (on the oldest
 ##                 ansible-core); the autoscale lab, then pytest, lint and sanity, the shared pool lab and the
 ##                 default molecule scenario; the cluster and ha scenarios, then the other labs (the first two
-##                 streams' output is printed at the end, and kept in .lab/logs/). The soak runs in the elastic
-##                 lab only when asked (make test SOAK_MINUTES=3; docs/soak.md). The cluster
+##                 streams' output is printed at the end, and kept in .lab/logs/). The elastic lab ends with a
+##                 3-minute soak (SOAK_MINUTES=0 leaves it out; docs/soak.md). The cluster
 ##                 scenario on 22.05 (make molecule-22.05) is not in it: the 22.05 lab converges, validates and
 ##                 converges again with nothing changed, on the same release
 test: deps

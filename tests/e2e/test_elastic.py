@@ -9,7 +9,7 @@ Order matters (one lab, module scope): 2 -> 4 -> 2 (a long job on a leaving node
 a configuration change reaching running slurmd, slurmctld stopped during a drain, the
 management cluster unreachable at the hook's release, a leaving node powered off, an
 immediate removal, two scale-downs and a scale-up at once, the primary controller's
-machine killed during a drain, a soak of random faults with jobs running (with SOAK_MINUTES: tests/soak.py,
+machine killed during a drain, a soak of random faults with jobs running (tests/soak.py, SOAK_MINUTES,
 docs/soak.md), the primary's Machine deleted (takeover, then release),
 the last controller's Machine deleted (its hook stays). Each fault test starts with
 jobs running on the leaving nodes and ends with every job's final state: 0 lost, read
@@ -726,16 +726,17 @@ def test_a_reconcile_after_a_takeover_registers_each_idle_node_again_and_leaves_
 
 
 def test_a_soak_of_random_faults_loses_no_job_and_holds_no_machine(lab, capsys):
-    """tests/soak.py on this lab (docs/soak.md): SOAK_MINUTES of faults on a random schedule (SOAK_SEED to replay
-    one) with jobs running; every job completes, no Machine held past SOAK_HOLD_LIMIT seconds (600), and Slurm
-    and Cluster API agree after one reconcile. Only when SOAK_MINUTES is given (make test SOAK_MINUTES=3): CI's
-    make test has no room for it (3 minutes of it and its settling took 7.4 minutes, and slowed the two labs
-    beside it); the long runs are by hand, on a lab of their own."""
+    """tests/soak.py on this lab (docs/soak.md): SOAK_MINUTES (3) of faults on a random schedule (SOAK_SEED to
+    replay one) with jobs running; every job completes, no Machine held past SOAK_HOLD_LIMIT seconds (600), and
+    Slurm and Cluster API agree after one reconcile. SOAK_MINUTES=0 leaves it out. make test's is short (CI has
+    90 minutes on two cores for every lab); the long runs are by hand, on a lab of their own."""
     import soak  # pylint: disable=import-outside-toplevel
     seed = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(1, 10 ** 6))
-    minutes = float(os.environ.get("SOAK_MINUTES") or 0)
+    minutes = float(os.environ.get("SOAK_MINUTES") or 3)
     if minutes <= 0:
-        pytest.skip("no SOAK_MINUTES: the soak is left out (make test SOAK_MINUTES=3 runs it here)")
+        pytest.skip("SOAK_MINUTES=%s: the soak is left out" % os.environ.get("SOAK_MINUTES"))
+    with capsys.disabled():
+        print("\n[elastic] soak seed %d, %g min (replay: SOAK_SEED=%d SOAK_MINUTES=%g)" % (seed, minutes, seed, minutes))
     # the hold limit guards against a Machine forgotten; make test runs three labs on two cores, where one
     # reconcile's join takes minutes (3.7 min seen with a fourth lab beside): 10 minutes there
     hold_limit = int(os.environ.get("SOAK_HOLD_LIMIT") or 600)
