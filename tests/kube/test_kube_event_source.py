@@ -133,3 +133,24 @@ def test_a_410_after_the_server_restarts_lists_again_and_misses_nothing(own_serv
     status, body = api.request("GET", API_MACHINES % "metal3", query={
         "watch": "1", "resourceVersion": watched_from, "timeoutSeconds": "1"}, raw=True)
     assert status == 200 and b'"code":410' in body, body[:300]
+
+
+def test_quiet_for_resync_seconds_the_state_is_emitted_again(kube, kube_ns):
+    # a reconcile that failed (the API or Slurm away) runs again though no Machine changed: after resync
+    # seconds with no event, the state as at start (Machines up, those being deleted that hold our hook)
+    api = kube.api()
+    make_machine(api, kube_ns, "cn-1")
+    make_machine(api, kube_ns, "cn-9", phase="Provisioning")  # not up: in neither
+    thread, out, res = run_source(args_for(kube, kube_ns, resync=2), lambda ev: len(ev) >= 3, timeout=40)
+    thread.join(40)
+    assert reasons(out.events[:3]) == [(["initial"], ["cn-1"]), (["resync"], ["cn-1"]), (["resync"], ["cn-1"])], res
+    assert {m["reason"] for e in out.events[1:3] for m in e["capi_machines"]["machines"]} == {"resync"}
+    gaps = [b["capi_machines"]["at"] - a["capi_machines"]["at"] for a, b in zip(out.events, out.events[1:3])]
+    assert all(g >= 1.9 for g in gaps), gaps
+
+
+def test_a_bad_resync_is_named(kube, kube_ns):
+    for bad in ("soon", -5):
+        thread, out, res = run_source(args_for(kube, kube_ns, resync=bad), lambda ev: False, timeout=10)
+        thread.join(20)
+        assert not out.events and "resync=%r" % (bad,) in str(res.get("error")), res

@@ -13,7 +13,9 @@ emits one event per burst of transitions that matter to Slurm:
 - ``relabelled``: its node-type label or a feature label changes.
 
 At start it emits the current state (``initial``), so whatever happened while it
-was down is caught up. A dropped watch resumes from its last resourceVersion; a
+was down is caught up; and again (``resync``) after ``resync`` seconds (default 600) with no
+event, so that a reconcile run that failed (the API or Slurm away) is run again though no
+Machine changed since. A dropped watch resumes from its last resourceVersion; a
 410 Gone lists again, and the difference to what it knew becomes transitions.
 Transitions within ``window`` seconds (default 3) become one event:
 
@@ -66,6 +68,10 @@ options:
     description: Seconds to coalesce transitions into one event (default 3).
   timeout:
     description: Seconds each watch request lasts before it is renewed (default 300).
+  resync:
+    description: Seconds without an event after which the current state is emitted again (reason
+      resync), as at start, so that a reconcile that failed runs again with no Machine changing; 0 never
+      (default 600).
 """
 
 EXAMPLES = r"""
@@ -285,6 +291,13 @@ async def main(queue, args):
     """ansible-rulebook's entry point."""
     args = dict(args or {})
     window = float(args.get("window", 3))
+    try:
+        resync = float(args.get("resync", 600) or 0)
+    except (TypeError, ValueError):
+        resync = -1
+    if resync < 0:
+        raise ValueError("converged.hpc.capi_machines: resync=%r is not 0 (never) or a number of seconds"
+                         % (args.get("resync"),))
     loop = asyncio.get_running_loop()
     try:
         reader, version = await loop.run_in_executor(None, connect, args)
@@ -303,9 +316,20 @@ async def main(queue, args):
                for w in watchers]
     for thread in threads:
         thread.start()
+    last = loop.time()
     try:
         while True:
-            batch, initial = await changes.get()
+            try:
+                batch, initial = await asyncio.wait_for(
+                    changes.get(), max(last + resync - loop.time(), 0.05) if resync > 0 else None)
+            except asyncio.TimeoutError:
+                last = loop.time()
+                if pending_initial["left"] <= 0:  # the state as at start, from what the watches know
+                    known = {k: v for w in watchers for k, v in dict(w.known).items()}
+                    event = make_event([dict(m, reason="resync") for m in current(known)])
+                    event["capi_machines"]["reasons"] = ["resync"]
+                    await queue.put(event)
+                continue
             is_initial = initial
             if initial:
                 pending_initial["left"] -= 1
@@ -328,6 +352,7 @@ async def main(queue, args):
             if is_initial and "initial" not in event["capi_machines"]["reasons"]:
                 event["capi_machines"]["reasons"] = sorted(event["capi_machines"]["reasons"] + ["initial"])
             await queue.put(event)
+            last = loop.time()
     finally:
         stop.set()
         reader.close()
