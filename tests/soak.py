@@ -253,15 +253,16 @@ class Soak:
             machines = self.lab.compute_machines(timeout=5)
         except Exception:  # pylint: disable=broad-except  # the API may be stopped: look again later
             return
-        nodes = self.lab.slurm_nodes()
+        leaving = [m for m in machines
+                   if m["metadata"].get("deletionTimestamp") and HOOK in m["metadata"].get("annotations", {})]
+        # Slurm is asked only while a Machine leaves with our hook (a podman exec every 2 s costs the labs beside)
+        nodes = self.lab.slurm_nodes() if leaving else {}
         if nodes is None:
             return
         now = time.time()
         held = set()
-        for m in machines:
+        for m in leaving:
             name = m["metadata"]["name"]
-            if not m["metadata"].get("deletionTimestamp") or HOOK not in m["metadata"].get("annotations", {}):
-                continue
             if hostname(m) in nodes:
                 continue  # still in Slurm (draining): the hook is there for that
             held.add(name)
