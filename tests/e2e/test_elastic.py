@@ -743,7 +743,9 @@ def test_a_soak_of_random_faults_loses_no_job_and_holds_no_machine(lab, capsys):
     # not the primary's machine killed: a failover during a job's launch leaves the job held
     # (launch_failed_requeued_held) and its node drained ("Duplicate jobid") - found by the soak, open
     # (docs/soak.md); the fault tests above kill the primary at a chosen moment
-    run = soak.Soak(soak.Lab(LAB.env), seed, int(minutes * 60), (1, 4), hold_limit, without=("primary",))
+    # replicas 1-3 (the by-hand runs: 1-4): its settling scales to the top of the range, and each join is a
+    # converge that the labs beside it slow
+    run = soak.Soak(soak.Lab(LAB.env), seed, int(minutes * 60), (1, 3), hold_limit, without=("primary",))
     figures = run.run()
     counts = (seed, minutes, sum(figures["faults"].values()), figures["jobs"], figures["array_tasks"],
               len(figures["requeued"]), figures["lost"] or 0, figures["longest_hold_s"])
