@@ -184,8 +184,8 @@ e2e-two: dev-collection images kube-assets
 ##                 streams at once: the elastic lab (ending with a 3-minute soak: SOAK_MINUTES=0 leaves it
 ##                 out; docs/soak.md), the two clusters lab, the ansible-core matrix on 2.16 and 2.17 (its unit
 ##                 tests on the oldest: MATRIX_UNIT=all for each; make matrix runs 2.18 too), the Slurm 22.05 lab
-##                 (on the oldest ansible-core); the autoscale lab, then pytest, lint and sanity, the shared pool
-##                 lab, the ha molecule scenario; the cluster scenario, then the other labs (the first two
+##                 (on the oldest ansible-core); the autoscale lab, then pytest, the shared pool lab, the ha
+##                 molecule scenario; the cluster scenario, the other labs, lint and sanity (the first two
 ##                 streams' output is printed at the end, and kept in .lab/logs/). Not in it: the default molecule
 ##                 scenario (the lab image boots: the cluster and ha scenarios boot it first) and the cluster
 ##                 scenario on 22.05 (make molecule-22.05: the 22.05 lab converges, validates and converges
@@ -195,7 +195,7 @@ test: deps
 	@set +e; ( set -o pipefail; $(MAKE) -s kube-assets 2>&1 | tee .lab/logs/kube-assets.log ) & kube_pid=$$!; \
 	  $(MAKE) images dev-collection; images=$$?; wait $$kube_pid; kube=$$?; \
 	  echo "[test] exit codes: images: $$images, kube-assets: $$kube"; test $$images -eq 0 && test $$kube -eq 0
-	@$(call beside,test,$(MAKE) -k molecule e2e-others SCENARIOS=cluster,$(MAKE) -k unit lint e2e-converged molecule SCENARIOS=ha)
+	@$(call beside,test,$(MAKE) -k molecule e2e-others lint SCENARIOS=cluster,$(MAKE) -k unit e2e-converged molecule SCENARIOS=ha)
 
 ## make build      build the collection tarball
 build:
