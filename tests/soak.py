@@ -229,7 +229,9 @@ class Soak:
                 return
             # (a client that reaches the backup while it is taking control sleeps SlurmctldTimeout / 2, 60 s by
             # default, then asks again: docs/ha.md; it is given that and more)
-            out = self.lab.slurm("sbatch --parsable --requeue --output=/dev/null --job-name=soak-%s %s"
+            # a time limit, as a site's jobs have: without one, backfill cannot start a short job beside a
+            # two-node job that waits, and in an hour's run the queue backed up behind them (140 jobs)
+            out = self.lab.slurm("sbatch --parsable --requeue --time=5 --output=/dev/null --job-name=soak-%s %s"
                                  % (kind, args), timeout=180, once=True)
             if out is None:
                 self.refused.append((round(time.time() - self.t0, 1), kind, self.lab.last_error))
