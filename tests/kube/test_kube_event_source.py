@@ -1,8 +1,8 @@
 """The event source (extensions/eda/plugins/event_source/capi_machines.py) against a real kube-apiserver:
 the initial list, a burst coalesced, deleting, relabelled, a watch the server ends and its resume, a
 410 after kube-apiserver restarts (its new watch cache no longer holds the source's resourceVersion),
-a wrong token, a missing kubeconfig, a token that may only read Machines, and only the namespaces and
-clusters asked."""
+a wrong token, a missing kubeconfig, a token that may only read Machines, only the namespaces and
+clusters asked, and the state emitted again after resync seconds with no event."""
 
 import time
 

@@ -143,9 +143,9 @@ def transition(old, new):
     return None
 
 
-def current(known):
-    """The initial state: Machines up, and Machines being deleted that hold our hook."""
-    return [dict(s, reason="initial") for s in known.values()
+def current(known, reason="initial"):
+    """The state as at start (initial, or resync): Machines up, and Machines being deleted that hold our hook."""
+    return [dict(s, reason=reason) for s in known.values()
             if (s["deleting"] and s["hooked"]) or (not s["deleting"] and s["phase"] in UP)]
 
 
@@ -326,8 +326,8 @@ async def main(queue, args):
                 last = loop.time()
                 if pending_initial["left"] <= 0:  # the state as at start, from what the watches know
                     known = {k: v for w in watchers for k, v in dict(w.known).items()}
-                    event = make_event([dict(m, reason="resync") for m in current(known)])
-                    event["capi_machines"]["reasons"] = ["resync"]
+                    event = make_event(current(known, "resync"))
+                    event["capi_machines"]["reasons"] = ["resync"]  # with no Machine up too
                     await queue.put(event)
                 continue
             is_initial = initial
