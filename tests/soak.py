@@ -371,12 +371,17 @@ class Soak:
     def undo_due(self, everything=False):
         for proc in self.duplicates:
             proc.poll()  # collected when it ends, as AWX's runner collects its jobs
-        for entry in sorted(self.outages, key=lambda e: e[0]):
+        # the API first: another fault's undo may ask it (a machine powered on asks for its Machine), and
+        # would wait on the soak itself while the API it stopped is due back after it
+        for entry in sorted(self.outages, key=lambda e: (e[1] != "api", e[0])):
             when, what, undo = entry
-            if everything or when <= time.time():
-                self.outages.remove(entry)
-                result = undo()
-                self.say("%s: back (%s)" % (what, result if isinstance(result, str) else "done"))
+            if not (everything or when <= time.time()):
+                continue
+            if what == "power" and self.outage_on("api") and not everything:
+                continue  # its turn comes once the API is back
+            self.outages.remove(entry)
+            result = undo()
+            self.say("%s: back (%s)" % (what, result if isinstance(result, str) else "done"))
 
     # ----------------------------------------------------------------- the run
     def run(self):

@@ -65,3 +65,26 @@ def test_the_schedule_is_printed_without_a_lab(capsys):
 def test_a_kind_left_out_never_comes():
     for seed in range(1, 20):
         assert "primary" not in {s["kind"] for s in soak.make_schedule(seed, 600, (1, 4), without=("primary",))}
+
+
+def test_the_api_comes_back_first_and_a_power_on_waits_for_it():
+    # seed 675341's hour: a machine's power due back at 2357 s, the API (stopped at 2354 s) at 2370 s; the
+    # power-on asks the API for the machine's Machine, so it must not run while the soak holds the API stopped
+    import io
+    import time as clock
+
+    run = soak.Soak(lab=None, seed=675341, seconds=60, replicas=(1, 3), hold_limit=600, out=io.StringIO())
+    run.t0 = clock.time()
+    done = []
+    now = clock.time()
+    run.outages = [(now - 2, "power", lambda: done.append("power")),
+                   (now + 3600, "api", lambda: done.append("api"))]
+    run.undo_due()
+    assert done == []  # the API is still held stopped: the power-on waits, the soak does not
+    run.outages = [(t - 7200 if what == "api" else t, what, undo) for t, what, undo in run.outages]
+    run.undo_due()
+    assert done == ["api", "power"]
+    run.outages = [(now + 60, "power", lambda: done.append("power 2")),
+                   (now + 90, "api", lambda: done.append("api 2"))]
+    run.undo_due(everything=True)  # at the end (or interrupted): the API first all the same
+    assert done[2:] == ["api 2", "power 2"] and run.outages == []
