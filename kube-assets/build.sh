@@ -79,7 +79,7 @@ download() {
 
 # go build with a line of progress every PROGRESS_EVERY seconds (a cold build takes minutes). The
 # binaries are stripped (-s -w), so the compiler need not write the DWARF the linker drops: -dwarf=false
-# gives the same binaries for about 14% less CPU on a cold cache (docs/benchmarks.md).
+# gives the same binaries for about a tenth less CPU on a cold cache (docs/benchmarks.md).
 build() {
   local what=$1 dir=$2 out=$3 ldflags=$4; shift 4
   local log start pid n
