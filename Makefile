@@ -15,7 +15,7 @@ ifeq ($(origin KUBEBUILDER_ASSETS),undefined)
 export KUBEBUILDER_ASSETS := $(KUBE_ASSETS)
 endif
 
-.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images unit lint sanity molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-converged test build ee
+.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images images-trixie images-bookworm unit lint sanity molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-converged test build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -70,11 +70,17 @@ dev-collection:
 	@test "$$(readlink $(COLLECTION_LINK) || true)" = "$(CURDIR)" || ln -sfn $(CURDIR) $(COLLECTION_LINK)
 
 ## make images     the lab images: Debian 13 (Slurm 24.11, the default) and Debian 12 (Slurm 22.05)
-images:
-	lab/lab.sh image stock
-	lab/lab.sh image prebaked
-	LAB_SUITE=bookworm lab/lab.sh image stock
-	LAB_SUITE=bookworm lab/lab.sh image prebaked
+images: images-trixie images-bookworm
+
+# each release's two images (stock, then prebaked on it), one maker at a time: make test builds Debian 12's
+# beside its streams, and only the Slurm 22.05 lab (late in its stream) waits for them
+images-trixie:
+	@mkdir -p .lab
+	flock .lab/images-trixie.lock sh -c 'lab/lab.sh image stock && lab/lab.sh image prebaked'
+
+images-bookworm:
+	@mkdir -p .lab
+	flock .lab/images-bookworm.lock sh -c 'LAB_SUITE=bookworm lab/lab.sh image stock && LAB_SUITE=bookworm lab/lab.sh image prebaked'
 
 ## make kube-assets  build kube-apiserver, the Cluster API, CAPM3 and Bare Metal Operator managers from
 ##                 their Go modules (cached by version: minutes cold, seconds after), link them and etcd
@@ -100,7 +106,7 @@ lint: dev-collection
 	tests/sanity.sh
 
 ## make molecule   the molecule scenarios (SCENARIOS="default cluster ha"), one at a time (a lock in .lab)
-molecule: dev-collection images
+molecule: dev-collection images-trixie
 	@mkdir -p .lab/logs
 	for s in $(SCENARIOS); do \
 	  flock .lab/molecule.lock molecule test -s $$s 2>&1 | tee .lab/logs/molecule-$$s.log; \
@@ -110,7 +116,7 @@ molecule: dev-collection images
 
 ## make molecule-22.05  the cluster scenario on Debian 12 (Slurm 22.05), the older release the
 ##                 collection supports (the other scenarios and the labs run Debian 13, Slurm 24.11)
-molecule-22.05: dev-collection images
+molecule-22.05: dev-collection images-bookworm
 	@mkdir -p .lab/logs
 	MOLECULE_DEBIAN=debian12 flock .lab/molecule.lock molecule test -s cluster 2>&1 | tee .lab/logs/molecule-cluster-22.05.log; \
 	  test $${PIPESTATUS[0]} -eq 0
@@ -158,17 +164,17 @@ e2e: dev-collection images kube-assets
 	@mkdir -p .lab/logs
 	@$(call beside,e2e,$(MAKE) -s -k e2e-others,$(MAKE) -s -k e2e-converged)
 
-e2e-elastic: dev-collection images kube-assets
+e2e-elastic: dev-collection images-trixie kube-assets
 	$(E2E_RUN) $(E2E_ELASTIC)
 
 ## make e2e-converged  the shared pool: a Kubernetes workload cluster and Slurm on one pool of bare metal
-e2e-converged: dev-collection images kube-assets
+e2e-converged: dev-collection images-trixie kube-assets
 	$(E2E_RUN) $(E2E_CONVERGED)
 
-e2e-autoscale: dev-collection images kube-assets
+e2e-autoscale: dev-collection images-trixie kube-assets
 	$(E2E_RUN) $(E2E_AUTOSCALE)
 
-e2e-others: dev-collection images kube-assets
+e2e-others: dev-collection images-trixie kube-assets
 	$(E2E_RUN) $(E2E_OTHERS)
 
 ## make e2e-releases  Slurm 22.05 (Debian 12) in a lab of its own, and an upgrade refused
@@ -176,12 +182,12 @@ e2e-releases: dev-collection images kube-assets
 	$(E2E_RUN) $(E2E_RELEASES)
 
 ## make e2e-two    two Slurm clusters in one management cluster, each converged on its own
-e2e-two: dev-collection images kube-assets
+e2e-two: dev-collection images-trixie kube-assets
 	$(E2E_RUN) $(E2E_TWO)
 
 ## make test       everything CI runs (installs what is missing first): the real servers (make
-##                 kube-assets, CPU) built while the lab images build (mostly downloads), then three
-##                 streams at once: the elastic lab (ending with a 3-minute soak: SOAK_MINUTES=0 leaves it
+##                 kube-assets, CPU) built while the Debian 13 lab images build (mostly downloads), then three
+##                 streams at once, the Debian 12 images building beside them for the Slurm 22.05 lab: the elastic lab (ending with a 3-minute soak: SOAK_MINUTES=0 leaves it
 ##                 out; docs/soak.md), the two clusters lab, the ansible-core matrix on 2.16 and 2.17 (its unit
 ##                 tests on the oldest: MATRIX_UNIT=all for each; make matrix runs 2.18 too), the Slurm 22.05 lab
 ##                 (on the oldest ansible-core); the autoscale lab, then pytest, the shared pool lab, the ha
@@ -193,9 +199,12 @@ e2e-two: dev-collection images kube-assets
 test: deps
 	@mkdir -p .lab/logs
 	@set +e; ( set -o pipefail; $(MAKE) -s kube-assets 2>&1 | tee .lab/logs/kube-assets.log ) & kube_pid=$$!; \
-	  $(MAKE) images dev-collection; images=$$?; wait $$kube_pid; kube=$$?; \
+	  $(MAKE) images-trixie dev-collection; images=$$?; wait $$kube_pid; kube=$$?; \
 	  echo "[test] exit codes: images: $$images, kube-assets: $$kube"; test $$images -eq 0 && test $$kube -eq 0
-	@$(call beside,test,$(MAKE) -k molecule e2e-others lint SCENARIOS=cluster,$(MAKE) -k unit e2e-converged molecule SCENARIOS=ha)
+	@echo "[test] the Debian 12 images build beside the streams (log .lab/logs/images-bookworm.log)"
+	@set +e; $(MAKE) -s images-bookworm >.lab/logs/images-bookworm.log 2>&1 & bookworm_pid=$$!; \
+	  $(call beside,test,$(MAKE) -k molecule e2e-others lint SCENARIOS=cluster,$(MAKE) -k unit e2e-converged molecule SCENARIOS=ha); \
+	  rc=$$?; wait $$bookworm_pid; exit $$rc
 
 ## make build      build the collection tarball
 build:
