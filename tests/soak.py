@@ -432,16 +432,22 @@ class Soak:
             lab.sh("lab/lab.sh", "events", check=True)
         # the most nodes the run allows: what waits (two-node jobs too) runs, and the last drains are quick
         lab.set_replicas(max(2, self.replicas[1]))
+        # 15 minutes, and as long as jobs keep ending: an hour's queue drains at the pace the nodes run it
         deadline = time.time() + 900
         self.stop.clear()
         watcher = threading.Thread(target=self.watch, daemon=True)
         watcher.start()
         records = {}
+        ended = 0
         while time.time() < deadline:
             records = self.accounting()
             if records is not None and all(r["final"] for r in records.values()) and \
                     set(self.jobs) <= {r["job"] for r in records.values()}:
                 break
+            final = sum(1 for r in (records or {}).values() if r["final"])
+            if final > ended:
+                ended = final
+                deadline = max(deadline, time.time() + 300)
             time.sleep(5)
         for proc in self.duplicates:
             proc.wait(600)
