@@ -222,11 +222,11 @@ EOF
 build_stock() {
   local img root mirror security
   img=$(image_name stock)
-  root="$STATE/rootfs"
+  root="$STATE/rootfs-$LAB_SUITE"  # one per release: make test builds Debian 12 while the labs run
   rm -rf "$root"; mkdir -p "$root"
   read -r mirror security < <(debian_mirrors)
   [[ -n "$mirror" ]] || die "no Debian archive in this machine's apt sources (/etc/apt/sources.list*): set LAB_DEBIAN_MIRROR (and LAB_DEBIAN_SECURITY_MIRROR) to the mirror to build the images from"
-  say "debootstrap Debian $(suite_release "$LAB_SUITE") ($LAB_SUITE) from $mirror into $LAB_STATE/rootfs (about a minute)"
+  say "debootstrap Debian $(suite_release "$LAB_SUITE") ($LAB_SUITE) from $mirror into $LAB_STATE/rootfs-$LAB_SUITE (about a minute)"
   with_heartbeat "debootstrap" debootstrap --variant=minbase --include="$BASE_PACKAGES" \
     "$LAB_SUITE" "$root" "$mirror"
   say "configuring the machine image (admin user, sudo, first-boot SSH host keys)"
