@@ -74,13 +74,12 @@ images: images-trixie images-bookworm
 
 # each release's two images (stock, then prebaked on it), one maker at a time: make test builds Debian 12's
 # beside its streams, and only the Slurm 22.05 lab (late in its stream) waits for them
+images_of = mkdir -p .lab && flock .lab/images-$(1).lock sh -c 'LAB_SUITE=$(1) lab/lab.sh image stock && LAB_SUITE=$(1) lab/lab.sh image prebaked'
 images-trixie:
-	@mkdir -p .lab
-	flock .lab/images-trixie.lock sh -c 'lab/lab.sh image stock && lab/lab.sh image prebaked'
+	$(call images_of,trixie)
 
 images-bookworm:
-	@mkdir -p .lab
-	flock .lab/images-bookworm.lock sh -c 'LAB_SUITE=bookworm lab/lab.sh image stock && LAB_SUITE=bookworm lab/lab.sh image prebaked'
+	$(call images_of,bookworm)
 
 ## make kube-assets  build kube-apiserver, the Cluster API, CAPM3 and Bare Metal Operator managers from
 ##                 their Go modules (cached by version: minutes cold, seconds after), link them and etcd
@@ -187,9 +186,10 @@ e2e-two: dev-collection images-trixie kube-assets
 
 ## make test       everything CI runs (installs what is missing first): the real servers (make
 ##                 kube-assets, CPU) built while the Debian 13 lab images build (mostly downloads), then three
-##                 streams at once, the Debian 12 images building beside them for the Slurm 22.05 lab: the elastic lab (ending with a 3-minute soak: SOAK_MINUTES=0 leaves it
-##                 out; docs/soak.md), the two clusters lab, the ansible-core matrix on 2.16 and 2.17 (its unit
-##                 tests on the oldest: MATRIX_UNIT=all for each; make matrix runs 2.18 too), the Slurm 22.05 lab
+##                 streams at once (the Debian 12 images building beside them, for the Slurm 22.05 lab): the
+##                 elastic lab (ending with a 3-minute soak: SOAK_MINUTES=0 leaves it out; docs/soak.md), the
+##                 two clusters lab, the ansible-core matrix on 2.16 and 2.17 (its unit tests on the oldest:
+##                 MATRIX_UNIT=all for each; make matrix runs 2.18 too), the Slurm 22.05 lab
 ##                 (on the oldest ansible-core); the autoscale lab, then pytest, the shared pool lab, the ha
 ##                 molecule scenario; the cluster scenario, the other labs, lint and sanity (the first two
 ##                 streams' output is printed at the end, and kept in .lab/logs/). Not in it: the default molecule
