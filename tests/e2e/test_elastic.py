@@ -48,7 +48,22 @@ def scale(n, *extra):
     args = ["python3", "lab/scale.py", str(n)]
     for ev in extra:
         args += ["-e", ev]
-    return sh(*args, check=False)
+    res = sh(*args, check=False)
+    if res.returncode != 0:
+        # why, on the output's first line: a failed test's summary (all CI shows of it) is that line
+        res.stdout = "lab/scale.py %d failed (exit %d): %s\n%s" % (n, res.returncode, why_failed(res), res.stdout)
+    return res
+
+
+def why_failed(res):
+    """The lines of a run's output that say why it failed, each cut short, on one line."""
+    said = []
+    for line in (res.stdout + res.stderr).splitlines():
+        if re.search(r"gave up|fatal:|failed:|FAILED|ERROR!|Error|Traceback", line):
+            found = re.search(r'"msg": "((?:[^"\\]|\\.)*)"', line)
+            said.append((found.group(1) if found else line.strip())[:160])
+    last = (res.stdout + res.stderr).strip().splitlines()
+    return " | ".join(said[-4:]) or (last[-1][:160] if last else "no output")
 
 
 def slurm_nodes():
@@ -421,6 +436,31 @@ def test_a_leaving_node_powered_off(lab):
     record("leaving node powered off: power off -> out of Slurm, Machine released", safe - off)
 
 
+def test_a_job_given_a_node_that_just_died_is_requeued_and_completes(lab):
+    # PrologFlags=Alloc (slurm_controller_prolog_flags' default): slurmctld asks every node of a job at its
+    # allocation, before the script starts. A node that died seconds ago is not DOWN yet (SlurmdTimeout, 30 s
+    # here) and may be given to a job: the allocation fails there, Slurm requeues the job (NODE_FAIL) and it runs
+    # once it has its nodes. Without it the script starts, srun cannot launch on the dead node and the job ends
+    # FAILED: the soak's hour run lost a job so (docs/soak.md).
+    assert "PrologFlags=Alloc" in on(CTL, "cat /etc/slurm/slurm.conf").stdout
+    idle = sorted(n for n, st in slurm_nodes().items() if st == "idle")
+    assert len(idle) >= 2, slurm_nodes()
+    dead, alive = idle[:2]
+    sh("podman", "kill", dead)
+    killed = time.time()
+    job = on(CTL, "sbatch --parsable --requeue --nodes=2 --nodelist=%s,%s --output=/tmp/job-%%j.out "
+                  "--wrap 'srun hostname'" % (dead, alive)).stdout.strip()
+    wait_for("job %s to be requeued" % job, lambda: int(job_record(job).get("Restarts", 0)) >= 1, 300, poll=2,
+             explain=lambda: on(CTL, "scontrol show job %s; sinfo -N -o '%%N %%T %%E'" % job, check=False).stdout)
+    requeued = time.time()  # (without Alloc it would not be: the script's srun fails, the job ends FAILED)
+    sh("podman", "start", dead)  # the machine comes back: its slurmd registers again (ReturnToService=2)
+    completed([job], timeout=600)
+    record("a two-node job given a node dead for seconds (PrologFlags=Alloc): kill -> job requeued", requeued - killed)
+    record("... then the node back and the job COMPLETED 0:0 (Slurm holds a requeued job about 2 min)",
+           time.time() - killed)
+    wait_for("%s to be idle again" % dead, lambda: slurm_nodes().get(dead) == "idle", 120)
+
+
 def test_an_immediate_removal_requeues_then_removes(lab):
     (victim,) = victims(lab, 1)
     node = hostname(victim)
@@ -691,8 +731,10 @@ def test_the_primary_controller_killed_during_a_drain(lab):
 def test_a_reconcile_after_a_takeover_registers_each_idle_node_again_and_leaves_a_busy_one(lab):
     # the backup took over and the primary took control back (above): each time slurmctld restored the
     # dynamic nodes' records from its state files, and Slurm 22.05 drops their MemSpecLimit there
-    (machine,) = compute_machines(lab, deleting=False)
-    node = hostname(machine)
+    machines = compute_machines(lab, deleting=False)
+    assert len(machines) == 1, "one compute Machine after the test above, found %s" % sorted(
+        m["metadata"]["name"] for m in machines)
+    node = hostname(machines[0])
 
     def mem_spec():
         found = re.search(r"MemSpecLimit=(\d+)", on(CTL, "scontrol show node --oneliner %s" % node).stdout)
