@@ -140,7 +140,7 @@ TEST_MATRIX ?= 2.16 2.17
 # by the command AFTER (if any) in the background (their output in .lab/logs/e2e-elastic.log,
 # e2e-autoscale.log and checks.log, printed at the end) beside the command OTHERS; fails when any fails
 beside = set +e; start=$$(date +%s); \
-	( $(MAKE) -s -k e2e-elastic e2e-two matrix MATRIX="$(TEST_MATRIX)" e2e-releases >.lab/logs/e2e-elastic.log 2>&1; rc=$$?; echo $$(( $$(date +%s) - start )) >.lab/logs/e2e-elastic.s; \
+	( $(MAKE) -s -k e2e-elastic e2e-two e2e-releases >.lab/logs/e2e-elastic.log 2>&1; rc=$$?; echo $$(( $$(date +%s) - start )) >.lab/logs/e2e-elastic.s; \
 	  exit $$rc ) & elastic_pid=$$!; \
 	( $(MAKE) -s e2e-autoscale >.lab/logs/e2e-autoscale.log 2>&1; echo $$? >.lab/logs/e2e-autoscale.rc; \
 	  echo $$(( $$(date +%s) - start )) >.lab/logs/e2e-autoscale.s; \
@@ -149,7 +149,7 @@ beside = set +e; start=$$(date +%s); \
 	$(2) 2>&1 | tee .lab/logs/$(1)-others.log; others=$${PIPESTATUS[0]}; others_s=$$(( $$(date +%s) - start )); \
 	wait $$elastic_pid; elastic=$$?; wait $$second_pid; \
 	autoscale=$$(cat .lab/logs/e2e-autoscale.rc); checks=$$(cat .lab/logs/checks.rc); \
-	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)), then the two clusters lab ($(E2E_TWO)), the ansible-core matrix, the Slurm 22.05 lab ($(E2E_RELEASES)):"; cat .lab/logs/e2e-elastic.log; \
+	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)), then the two clusters lab ($(E2E_TWO)), the Slurm 22.05 lab ($(E2E_RELEASES)):"; cat .lab/logs/e2e-elastic.log; \
 	echo "[$(1)] the autoscale lab ($(E2E_AUTOSCALE)):"; cat .lab/logs/e2e-autoscale.log; \
 	$(if $(3),echo "[$(1)] after the autoscale lab$(comma) $(3):"; cat .lab/logs/checks.log;) \
 	echo "[$(1)] what failed (pytest's FAILED/ERROR lines, ansible-test's and ansible-lint's errors, molecule's failed scenarios), if anything:"; \
@@ -161,7 +161,7 @@ beside = set +e; start=$$(date +%s); \
 
 e2e: dev-collection images kube-assets
 	@mkdir -p .lab/logs
-	@$(call beside,e2e,$(MAKE) -s -k e2e-others,$(MAKE) -s -k e2e-converged)
+	@$(call beside,e2e,$(MAKE) -s -k e2e-others matrix MATRIX="$(TEST_MATRIX)",$(MAKE) -s -k e2e-converged)
 
 e2e-elastic: dev-collection images-trixie kube-assets
 	$(E2E_RUN) $(E2E_ELASTIC)
@@ -188,10 +188,10 @@ e2e-two: dev-collection images-trixie kube-assets
 ##                 kube-assets, CPU) built while the Debian 13 lab images build (mostly downloads), then three
 ##                 streams at once (the Debian 12 images building beside them, for the Slurm 22.05 lab): the
 ##                 elastic lab (ending with a 3-minute soak: SOAK_MINUTES=0 leaves it out; docs/soak.md), the
-##                 two clusters lab, the ansible-core matrix on 2.16 and 2.17 (its unit tests on the oldest:
-##                 MATRIX_UNIT=all for each; make matrix runs 2.18 too), the Slurm 22.05 lab
-##                 (on the oldest ansible-core); the autoscale lab, then pytest, the shared pool lab, the ha
-##                 molecule scenario; the cluster scenario, the other labs, lint and sanity (the first two
+##                 two clusters lab, the Slurm 22.05 lab (on the oldest ansible-core); the autoscale lab, then
+##                 pytest, the shared pool lab, the ha molecule scenario; the cluster scenario, the other labs,
+##                 the ansible-core matrix on 2.16 and 2.17 (its unit tests on the oldest: MATRIX_UNIT=all for
+##                 each; make matrix runs 2.18 too), lint and sanity (the first two
 ##                 streams' output is printed at the end, and kept in .lab/logs/). Not in it: the default molecule
 ##                 scenario (the lab image boots: the cluster and ha scenarios boot it first) and the cluster
 ##                 scenario on 22.05 (make molecule-22.05: the 22.05 lab converges, validates and converges
@@ -203,7 +203,7 @@ test: deps
 	  echo "[test] exit codes: images: $$images, kube-assets: $$kube"; test $$images -eq 0 && test $$kube -eq 0
 	@echo "[test] the Debian 12 images build beside the streams (log .lab/logs/images-bookworm.log)"
 	@set +e; $(MAKE) -s images-bookworm >.lab/logs/images-bookworm.log 2>&1 & bookworm_pid=$$!; \
-	  $(call beside,test,$(MAKE) -k molecule e2e-others lint SCENARIOS=cluster,$(MAKE) -k unit e2e-converged molecule SCENARIOS=ha); \
+	  $(call beside,test,$(MAKE) -k molecule e2e-others matrix lint MATRIX="$(TEST_MATRIX)" SCENARIOS=cluster,$(MAKE) -k unit e2e-converged molecule SCENARIOS=ha); \
 	  rc=$$?; wait $$bookworm_pid; exit $$rc
 
 ## make build      build the collection tarball
