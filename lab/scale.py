@@ -42,15 +42,36 @@ def machines(co, md, plural="machinedeployments"):
     return {m["metadata"]["name"]: m for m in items}
 
 
-def wait(t0, what, cond, timeout, poll=0.3):
+def wait(t0, what, cond, timeout, poll=0.3, explain=None):
     end = time.time() + timeout
     while time.time() < end:
         value = cond()
         if value:
             return value
         time.sleep(poll)
-    log(t0, "gave up waiting for " + what)
+    log(t0, "gave up waiting for %s%s" % (what, ": " + explain() if explain else ""))
     sys.exit(1)
+
+
+def machine_state(co, machine):
+    """Where a Machine stands, on one line: its phase, its conditions that are not True (Ready's summary
+    left out), its Metal3Machine's readiness and its host's provisioning state."""
+    status = machine.get("status") or {}
+    said = ["%s %s" % (machine["metadata"]["name"], status.get("phase"))]
+    ref = (machine.get("spec") or {}).get("infrastructureRef") or {}
+    try:
+        infra = co.get_namespaced_custom_object("infrastructure.cluster.x-k8s.io", "v1beta1", NS, "metal3machines",
+                                                ref.get("name", ""))
+        host = ((infra["metadata"].get("annotations") or {}).get("metal3.io/BareMetalHost") or "/").split("/")[1]
+        said.append("Metal3Machine ready=%s" % (infra.get("status") or {}).get("ready"))
+        if host:
+            bmh = co.get_namespaced_custom_object("metal3.io", "v1alpha1", NS, "baremetalhosts", host)
+            said.append("host %s %s" % (host, ((bmh.get("status") or {}).get("provisioning") or {}).get("state")))
+    except client.exceptions.ApiException as exc:
+        said.append("Metal3Machine %s: %s" % (ref.get("name"), exc.reason))
+    said += ["%s=%s(%s)" % (c["type"], c.get("status"), c.get("reason") or "") for c in status.get("conditions") or []
+             if c.get("status") != "True" and c["type"] not in ("Ready", "Available", "NodeHealthy", "NodeReady")]
+    return " ".join(said)
 
 
 def playbook(repo, state, name, extra_vars=()):
@@ -126,7 +147,9 @@ def main():
             new = {n: m for n, m in now.items() if n not in before and not m["metadata"].get("deletionTimestamp")}
             ready = [n for n, m in new.items() if (m.get("status") or {}).get("phase") == "Provisioned"]
             return sorted(ready) if len(new) >= args.replicas - len(live) and len(ready) == len(new) else None
-        new = wait(t0, "new Machines to be Provisioned", provisioned, args.timeout)
+        new = wait(t0, "new Machines to be Provisioned", provisioned, args.timeout, explain=lambda: "; ".join(
+            machine_state(co, m) for n, m in machines(co, md, plural).items()
+            if n not in before and not m["metadata"].get("deletionTimestamp")) or "no new Machine")
         t_ready = time.time()
         log(t0, "Provisioned: %s" % ", ".join(new))
         if args.no_playbook:

@@ -61,7 +61,8 @@ def why_failed(res):
     for line in (res.stdout + res.stderr).splitlines():
         if re.search(r"gave up|fatal:|failed:|FAILED|ERROR!|Error|Traceback", line):
             found = re.search(r'"msg": "((?:[^"\\]|\\.)*)"', line)
-            said.append((found.group(1) if found else line.strip())[:160])
+            # (lab/scale.py's timestamp left out: the line says where things stand)
+            said.append(re.sub(r"^\[lab-scale +[0-9.]+s\] ", "", found.group(1) if found else line.strip())[:400])
     last = (res.stdout + res.stderr).strip().splitlines()
     return " | ".join(said[-4:]) or (last[-1][:160] if last else "no output")
 
