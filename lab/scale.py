@@ -54,8 +54,9 @@ def wait(t0, what, cond, timeout, poll=0.3, explain=None):
 
 
 def machine_state(co, machine):
-    """Where a Machine stands, on one line: its phase, its conditions that are not True (Ready's summary
-    left out), its Metal3Machine's readiness and its host's provisioning state."""
+    """Where a Machine stands, on one line: its phase, its Metal3Machine's readiness, its host's provisioning
+    state and its conditions that are not True (left out: the summaries Ready and Available, the Node's, which
+    no workload cluster here reports, and Updating, Paused and Deleting, which are False when all is well)."""
     status = machine.get("status") or {}
     said = ["%s %s" % (machine["metadata"]["name"], status.get("phase"))]
     ref = (machine.get("spec") or {}).get("infrastructureRef") or {}
@@ -70,7 +71,8 @@ def machine_state(co, machine):
     except client.exceptions.ApiException as exc:
         said.append("Metal3Machine %s: %s" % (ref.get("name"), exc.reason))
     said += ["%s=%s(%s)" % (c["type"], c.get("status"), c.get("reason") or "") for c in status.get("conditions") or []
-             if c.get("status") != "True" and c["type"] not in ("Ready", "Available", "NodeHealthy", "NodeReady")]
+             if c.get("status") != "True" and c["type"] not in (
+                 "Ready", "Available", "NodeHealthy", "NodeReady", "Updating", "Paused", "Deleting")]
     return " ".join(said)
 
 
@@ -142,14 +144,16 @@ def main():
     co.patch_namespaced_custom_object_scale(G, V, NS, plural, md,
                                             {"spec": {"replicas": args.replicas}})
     if args.replicas > len(live):
+        def new_machines():
+            return {n: m for n, m in machines(co, md, plural).items()
+                    if n not in before and not m["metadata"].get("deletionTimestamp")}
+
         def provisioned():
-            now = machines(co, md, plural)
-            new = {n: m for n, m in now.items() if n not in before and not m["metadata"].get("deletionTimestamp")}
+            new = new_machines()
             ready = [n for n, m in new.items() if (m.get("status") or {}).get("phase") == "Provisioned"]
             return sorted(ready) if len(new) >= args.replicas - len(live) and len(ready) == len(new) else None
         new = wait(t0, "new Machines to be Provisioned", provisioned, args.timeout, explain=lambda: "; ".join(
-            machine_state(co, m) for n, m in machines(co, md, plural).items()
-            if n not in before and not m["metadata"].get("deletionTimestamp")) or "no new Machine")
+            machine_state(co, m) for m in new_machines().values()) or "no new Machine")
         t_ready = time.time()
         log(t0, "Provisioned: %s" % ", ".join(new))
         if args.no_playbook:
