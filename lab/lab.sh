@@ -908,6 +908,12 @@ cmd_down() {
   for vol in $(podman volume ls --filter "label=$LABEL=$LAB_NAME" --format '{{.Name}}'); do
     podman volume rm "$vol" >/dev/null && say "removed volume $vol"
   done
+  # the servers' logs (links into $STATE/capi, removed below) are kept as copies until the next lab:
+  # after a failed test they say what the controllers did
+  local log
+  for log in "$STATE"/logs/*.log; do
+    if [[ -L "$log" && -e "$log" ]]; then cp --remove-destination "$(readlink -f "$log")" "$log"; fi
+  done
   rm -rf "$STATE/hosts.yml" "$STATE/machines.tsv" "$STATE/capi.capi_machines.yml" "$STATE/group_vars" \
     "$STATE/capi" "$STATE/directory" "$STATE"/.next-*
   say "lab $LAB_NAME is down (images and the SSH key are kept; 'lab/lab.sh purge' removes them)"
