@@ -104,6 +104,21 @@ def test_a_real_job_ran_on_both_nodes(host):
     assert sorted(out.split()) == NODES
 
 
+def test_the_node_check_passes_live_nodes_and_names_a_silent_one(host):
+    # the role's PrologSlurmctld, run as slurmctld runs it (as SlurmUser, the job's node list in its environment)
+    if host.backend.get_hostname() != CTL:
+        pytest.skip("asked on the controller")
+    conf = host.file("/etc/slurm/slurm.conf").content_string
+    script = re.search(r"^PrologSlurmctld=(\S+)$", conf, re.M).group(1)
+    run = "runuser -u slurm -- env SLURM_JOB_ID=7 SLURM_JOB_NODELIST=%s " + script
+    live = host.run(run, "mol-cluster-cn[1-2]")
+    assert live.rc == 0, live.stderr
+    # a node that does not answer (a name nothing resolves, as a machine gone from the network): exit 1, named
+    silent = host.run(run, "mol-cluster-cn1,mol-cluster-gone")
+    assert silent.rc == 1 and "from mol-cluster-gone:" in silent.stderr, (silent.rc, silent.stderr)
+    assert "mol-cluster-cn1" not in silent.stderr
+
+
 def test_munge_credentials_decode_across_nodes(host):
     if host.backend.get_hostname() != CTL:
         pytest.skip("asked on the controller")
