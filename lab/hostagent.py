@@ -11,6 +11,8 @@ and does to the lab's machines what a host's disk and power would see:
 - a provisioned host powered off (spec.online false): the machine is stopped; on again: started;
 - a host provisioning while another deprovisions is paused until that one is done: the operator's test
   provisioner keeps one image state for all hosts, and the two would undo each other for good.
+- a host left in a state the operator moves on by itself, with no status saved for 30 s and not paused, is
+  nudged (an annotation changed): its controller's requeue backoff may hold it for minutes (MOVING_STATES).
 A machine that stopped by itself (killed, crashed) stays as it is: hardware does not come back by itself.
 
 With --workload CLUSTER=KUBECONFIG (a Kubernetes workload cluster's API, lab/lab.sh's LAB_KUBERNETES_GPU) it
@@ -34,6 +36,7 @@ is done within a second or a requeue: cleaning takes minutes on real hardware).
 
 import argparse
 import base64
+import calendar
 import json
 import os
 import shlex
@@ -55,6 +58,15 @@ PAUSED = "baremetalhost.metal3.io/paused"
 PAUSED_BY = "converged-hpc-lab-hostagent"
 RUNNING_STATES = ("provisioning", "provisioned")
 GONE_STATES = ("deprovisioning", "available", "ready", "powering off before delete", "deleting")
+# States the operator moves a host out of on its own. Its test provisioner finishes each step at once and the
+# operator asks to be called again with no delay, which controller-runtime spaces out exponentially (5 ms
+# doubling to 1000 s) until a result resets it; its controller ignores status-only updates. So a host that went
+# through many quick steps may sit in one of these for up to 17 minutes (seen: 11.5 min in provisioning), where
+# Ironic's steps would have brought it back with their delays. A change to its annotations brings it back.
+MOVING_STATES = ("registering", "inspecting", "preparing", "provisioning", "deprovisioning",
+                 "powering off before delete", "deleting")
+STALL_SECONDS = 30.0
+NUDGED = "lab.converged-hpc/nudged-at"
 
 
 def say(message):
@@ -155,6 +167,28 @@ class Agent:
         self.retry = {}  # host -> (when a failed boot may be tried again, the wait before that)
         self.lock = threading.Lock()
         self.unreachable_since = None
+        self.nudged = {}  # host -> when it was last nudged (monotonic)
+
+    def nudge(self, host, state):
+        """A host in a MOVING_STATE its operator has not saved for STALL_SECONDS: an annotation changed on it, so
+        that the operator reconciles it now (at most once per STALL_SECONDS). Not a paused host (ours or
+        anyone's): pausing stops the operator on purpose."""
+        meta = host["metadata"]
+        name = meta["name"]
+        if state not in MOVING_STATES or PAUSED in (meta.get("annotations") or {}):
+            self.nudged.pop(name, None)
+            return
+        try:
+            saved = calendar.timegm(time.strptime(host["status"]["lastUpdated"], "%Y-%m-%dT%H:%M:%SZ"))
+        except (KeyError, TypeError, ValueError):
+            return
+        still = time.time() - saved
+        if still < STALL_SECONDS or time.monotonic() - self.nudged.get(name, -STALL_SECONDS) < STALL_SECONDS:
+            return
+        self.api.patch(BMH, "baremetalhosts", self.ns, name,
+                       {"metadata": {"annotations": {NUDGED: str(int(time.time()))}}})
+        self.nudged[name] = time.monotonic()
+        say("%s %s for %.0f s, not saved by the operator since: nudged (an annotation changed)" % (name, state, still))
 
     def save(self):
         with open(self.record_path + ".new", "w") as fh:
@@ -295,6 +329,7 @@ class Agent:
             if name in self.released or state == "provisioning" \
                     or (host["metadata"].get("annotations") or {}).get(PAUSED) == PAUSED_BY:
                 self.pace(host, state, deprovisioning)
+            self.nudge(host, state)
             with self.lock:
                 if name in self.busy:
                     continue

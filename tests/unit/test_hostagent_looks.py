@@ -6,6 +6,7 @@ that count: the real agent on the real controllers runs in tests/kube/test_contr
 """
 
 import os
+import time
 import sys
 
 import pytest
@@ -102,3 +103,36 @@ def test_hosts_given_back_are_looked_at_once_and_a_machine_left_on_one_is_remove
     made.tick()
     made.tick()
     assert calls["ps"] == 2 and made.absent == {"h%d" % i for i in range(6)}
+
+
+def saved(seconds_ago):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds_ago))
+
+
+def test_a_host_the_operator_left_in_a_moving_state_is_nudged_once_per_stall(agent):
+    # the Bare Metal Operator's requeue backoff may leave a host in provisioning for minutes (docs/lab.md):
+    # an annotation changed on it brings it back; not a host saved moments ago, one at rest, or a paused one
+    made, _calls, _states = agent
+    patches = []
+    made.api.patch = lambda *args, **_: patches.append(args)
+    stalled = host("h1", "provisioning", consumer="m1")
+    stalled["status"]["lastUpdated"] = saved(95)
+    fresh = host("h2", "provisioning", consumer="m2")
+    fresh["status"]["lastUpdated"] = saved(3)
+    rest = host("h3", "provisioned", consumer="m3")
+    rest["status"]["lastUpdated"] = saved(600)
+    paused = host("h4", "deprovisioning")
+    paused["status"]["lastUpdated"] = saved(600)
+    paused["metadata"]["annotations"] = {hostagent.PAUSED: "someone"}
+    for h in (stalled, fresh, rest, paused):
+        made.booted[h["metadata"]["name"]] = "%s http://images.lab.invalid/compute.qcow2" % (
+            (h["spec"].get("consumerRef") or {}).get("name"))
+    made.api.hosts = [stalled, fresh, rest, paused]
+    made.tick()
+    made.tick()  # not again within STALL_SECONDS
+    nudges = [p for p in patches if hostagent.NUDGED in p[4]["metadata"].get("annotations", {})]
+    assert [p[3] for p in nudges] == ["h1"]
+    made.nudged["h1"] -= hostagent.STALL_SECONDS  # a stall later, still not saved: again
+    made.tick()
+    nudges = [p for p in patches if hostagent.NUDGED in p[4]["metadata"].get("annotations", {})]
+    assert [p[3] for p in nudges] == ["h1", "h1"]
