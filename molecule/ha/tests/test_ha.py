@@ -157,6 +157,18 @@ def test_a_backup_that_stops_answering_is_restarted_the_primary_never():
     assert "Slurmctld(primary) at mol-ha-ctl1 is UP" in on(CN1, "scontrol ping").stdout
 
 
+def test_a_backup_slurmctld_that_dies_is_started_again():
+    # slurm_controller_restart_sec: a backup shuts itself down when a returning primary takes control before it
+    # has let go (Slurm 24.11: "Two slurmctld daemons are running as primary"); systemd starts it again
+    backup = slurmctld_pid(CTL2)
+    on(CTL2, "kill -KILL %s" % backup)
+    took = wait_for("the backup's slurmctld started again", lambda: slurmctld_pid(CTL2) not in ("0", backup),
+                    timeout=120)
+    wait_for("both controllers UP", both_controllers_up, timeout=120)
+    print("ha backup slurmctld killed -> started again by systemd %.1f s" % took)
+    assert "Slurmctld(primary) at mol-ha-ctl1 is UP" in on(CN1, "scontrol ping").stdout
+
+
 def test_primary_killed_while_jobs_run_and_wait_no_job_lost():
     running = on(CN1, "cd /tmp && sbatch --parsable --nodes=2 --exclusive --output=/dev/null "
                       "--wrap 'srun sleep 25'").stdout.strip()
