@@ -451,6 +451,10 @@ class Soak:
             time.sleep(5)
         for proc in self.duplicates:
             proc.wait(600)
+        # a backup that shut itself down in a failback leaves the next primary failure with no controller
+        if not self.wait_controllers(120):
+            problems.append("not every controller's slurmctld answers after the faults: %s" % " | ".join(
+                (lab.slurm("scontrol ping", timeout=20) or "no answer").split("\n")[:4]))
         lost = sorted(job for job, r in (records or {}).items() if r["state"] != "COMPLETED" or r["code"] != "0:0")
         missing = sorted(set(self.jobs) - {r["job"] for r in (records or {}).values()}, key=int)
         requeued = sorted(job for job, r in (records or {}).items() if r["runs"] > 1)
@@ -545,6 +549,17 @@ class Soak:
         while time.time() < deadline:
             out = self.lab.slurm("scontrol ping", timeout=20) or ""
             if re.search(r"\(primary\) at %s is UP" % re.escape(self.lab.primary), out):
+                return True
+            time.sleep(2)
+        return False
+
+    def wait_controllers(self, timeout):
+        """Until every controller's slurmctld answers `scontrol ping` (the primary in control, the backups in
+        standby)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            out = self.lab.slurm("scontrol ping", timeout=20) or ""
+            if len(re.findall(r" is UP", out)) >= len(self.lab.controllers):
                 return True
             time.sleep(2)
         return False
