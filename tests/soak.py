@@ -42,7 +42,10 @@ NS, G, V = "metal3", "cluster.x-k8s.io", "v1beta2"
 HOOK = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/converged-hpc"
 # what a fault is, how often it comes (weights), how long the outages last (s)
 KINDS = {"scale": 6, "burst": 2, "slurmd": 2, "power": 2, "primary": 1, "api": 1, "events": 1, "duplicate": 2}
-OUTAGE = {"power": (20, 60), "primary": (30, 75), "api": (8, 25), "events": (0, 10)}
+# A machine powered off stays off longer than the lab's SlurmdTimeout (30 s), as a real one does (its power cycle
+# and boot take minutes, and Slurm sees its boot time change); a lab machine back sooner keeps the host's boot time,
+# so Slurm never learns that its processes died, and a job whose task died there waits for its time limit.
+OUTAGE = {"power": (40, 75), "primary": (30, 75), "api": (8, 25), "events": (0, 10)}
 JOBS = {"short": 5, "long": 2, "two-node": 2, "array": 1}
 UNFINISHED = {"RUNNING", "PENDING", "REQUEUED", "COMPLETING", "CONFIGURING", "SUSPENDED", "RESIZING"}
 
