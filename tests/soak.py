@@ -546,26 +546,24 @@ class Soak:
                 found.append("%s %s %s" % tuple(fields[:3]))
         return found
 
-    def wait_primary(self, timeout):
-        """Until the primary controller, started again, is in control (Slurm gives it back to the primary)."""
+    def wait_ping(self, timeout, answered):
+        """Until answered(what `scontrol ping` says) is true (False after timeout seconds)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            out = self.lab.slurm("scontrol ping", timeout=20) or ""
-            if re.search(r"\(primary\) at %s is UP" % re.escape(self.lab.primary), out):
+            if answered(self.lab.slurm("scontrol ping", timeout=20) or ""):
                 return True
             time.sleep(2)
         return False
 
+    def wait_primary(self, timeout):
+        """Until the primary controller, started again, is in control (Slurm gives it back to the primary)."""
+        return self.wait_ping(timeout, lambda out: re.search(
+            r"\(primary\) at %s is UP" % re.escape(self.lab.primary), out))
+
     def wait_controllers(self, timeout):
         """Until every controller's slurmctld answers `scontrol ping` (the primary in control, the backups in
         standby)."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            out = self.lab.slurm("scontrol ping", timeout=20) or ""
-            if len(re.findall(r" is UP", out)) >= len(self.lab.controllers):
-                return True
-            time.sleep(2)
-        return False
+        return self.wait_ping(timeout, lambda out: len(re.findall(r" is UP", out)) >= len(self.lab.controllers))
 
     def wait_quiet(self, timeout):
         """Until no compute Machine is being deleted and each live one is a node (or timeout)."""

@@ -448,8 +448,9 @@ def test_a_job_given_a_node_that_just_died_is_requeued_not_failed(lab):
     res = scale(2)
     assert res.returncode == 0, res.stdout + res.stderr
     order = re.findall(r"^NodeName=(\S+)", on(CTL, "scontrol --oneliner show node").stdout, re.M)
-    idle = [n for n in order if slurm_nodes().get(n) == "idle"]
-    assert len(idle) >= 2, (order, slurm_nodes())
+    states = slurm_nodes()
+    idle = [n for n in order if states.get(n) == "idle"]
+    assert len(idle) >= 2, (order, states)
     batch, dead = idle[:2]
     job = on(CTL, "sbatch --parsable --hold --requeue --nodes=2 --nodelist=%s,%s --output=/tmp/job-%%j.out "
                   "--wrap 'srun hostname'" % (batch, dead)).stdout.strip()
