@@ -68,8 +68,19 @@ def why_failed(res):
 
 
 def slurm_nodes():
-    out = on(CTL, "sinfo --noheader --Node --format '%N %t'").stdout
-    return dict(line.split() for line in out.splitlines() if line.strip())
+    # A busy slurmctld (CI runs four labs on two cores) may time a client out now and then: a failed query is
+    # asked again for up to 30 s before it fails the test, with what both controllers' units say.
+    deadline = time.time() + 30
+    while True:
+        res = on(CTL, "sinfo --noheader --Node --format '%N %t'", check=False)
+        if res.returncode == 0:
+            return dict(line.split() for line in res.stdout.splitlines() if line.strip())
+        if time.time() > deadline:
+            units = "\n".join(on(m, "systemctl status --no-pager --lines=5 slurmctld", check=False).stdout
+                              for m in (PRIMARY, BACKUP))
+            raise AssertionError("sinfo on %s failed (%d) for 30 s: %s\n%s"
+                                 % (CTL, res.returncode, (res.stdout + res.stderr).strip(), units))
+        time.sleep(2)
 
 
 def main_pid(machine, unit):
