@@ -47,6 +47,8 @@ KINDS = {"scale": 6, "burst": 2, "slurmd": 2, "power": 2, "primary": 1, "api": 1
 # so Slurm never learns that its processes died, and a job whose task died there waits for its time limit.
 OUTAGE = {"power": (40, 75), "primary": (30, 75), "api": (8, 25), "events": (0, 10)}
 JOBS = {"short": 5, "long": 2, "two-node": 2, "array": 1}
+# a job accepted this long before the primary's machine was killed may be missing from the state the backup loads
+WINDOW_SECONDS = 3
 UNFINISHED = {"RUNNING", "PENDING", "REQUEUED", "COMPLETING", "CONFIGURING", "SUSPENDED", "RESIZING"}
 
 
@@ -212,6 +214,7 @@ class Soak:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.jobs = {}  # job id -> kind
+        self.submitted = {}  # job id -> seconds into the run sbatch answered
         self.refused = []  # (at, kind, why): sbatch refused (no controller answered): the user saw it
         self.held_since = {}  # Machine -> when it was first seen held with its node out of Slurm
         self.holds = {}  # Machine -> the longest time it was seen so
@@ -243,6 +246,16 @@ class Soak:
             job = out.strip().split(";")[0]
             with self.lock:
                 self.jobs[job] = kind
+                self.submitted[job] = round(time.time() - self.t0, 1)
+
+    def window(self, job):
+        """Why a job Slurm has no record of may be gone: accepted just before the primary's machine was killed,
+        within the state-save window docs/ha.md documents (the backup loads state saved before it)."""
+        at = self.submitted.get(job)
+        kills = [f["when"] for f in self.faults if f["kind"] == "primary" and f["done"] and at is not None
+                 and 0 <= f["when"] - at <= WINDOW_SECONDS]
+        return (" (accepted %.1f s before the primary's machine was killed: the state-save window, docs/ha.md)"
+                % (kills[0] - at)) if kills else ""
 
     def wait_until(self, at):
         """Sleep until `at` seconds into the run; True when the run is stopping."""
@@ -466,7 +479,7 @@ class Soak:
         if lost or missing:
             problems.append("jobs lost: %s; no final record: %s" % (
                 ", ".join("%s (%s %s)" % (j, records[j]["state"], records[j]["code"]) for j in lost) or "none",
-                ", ".join(missing) or "none"))
+                ", ".join("%s%s" % (j, self.window(j)) for j in missing) or "none"))
         # the Machines follow the replicas: each one gone or live, none held
         self.wait_quiet(600)
         self.stop.set()

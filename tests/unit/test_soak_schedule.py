@@ -88,3 +88,16 @@ def test_the_api_comes_back_first_and_a_power_on_waits_for_it():
                    (now + 90, "api", lambda: done.append("api 2"))]
     run.undo_due(everything=True)  # at the end (or interrupted): the API first all the same
     assert done[2:] == ["api 2", "power 2"] and run.outages == []
+
+
+def test_a_missing_job_accepted_just_before_the_primary_was_killed_is_named_as_the_window():
+    run = soak.Soak(lab=None, seed=1, seconds=60, replicas=(1, 2), hold_limit=60)
+    run.submitted = {"7": 100.0, "8": 50.0, "9": 120.0}
+    run.faults = [{"kind": "primary", "done": "primary's machine killed", "when": 100.4},
+                  {"kind": "power", "done": "cn-01 off", "when": 50.5},
+                  {"kind": "primary", "done": "", "when": 121.0}]  # skipped: not a kill
+    assert run.window("7") == (" (accepted 0.4 s before the primary's machine was killed: the state-save window, "
+                               "docs/ha.md)")
+    assert run.window("8") == ""  # a power fault is no such window
+    assert run.window("9") == ""
+    assert run.window("10") == ""  # never accepted by sbatch (no time known)
