@@ -67,20 +67,26 @@ def why_failed(res):
     return " | ".join(said[-4:]) or (last[-1][:160] if last else "no output")
 
 
-def slurm_nodes():
-    # A busy slurmctld (CI runs four labs on two cores) may time a client out now and then: a failed query is
-    # asked again for up to 30 s before it fails the test, with what both controllers' units say.
+def ask(command):
+    """A Slurm query's output on CTL. A busy slurmctld (CI runs four labs on two cores) may time a client out
+    now and then: a failed query is asked again for up to 30 s before it fails the test, with what both
+    controllers' units say."""
     deadline = time.time() + 30
     while True:
-        res = on(CTL, "sinfo --noheader --Node --format '%N %t'", check=False)
+        res = on(CTL, command, check=False)
         if res.returncode == 0:
-            return dict(line.split() for line in res.stdout.splitlines() if line.strip())
+            return res.stdout
         if time.time() > deadline:
             units = "\n".join(on(m, "systemctl status --no-pager --lines=5 slurmctld", check=False).stdout
                               for m in (PRIMARY, BACKUP))
-            raise AssertionError("sinfo on %s failed (%d) for 30 s: %s\n%s"
-                                 % (CTL, res.returncode, (res.stdout + res.stderr).strip(), units))
+            raise AssertionError("%s on %s failed (%d) for 30 s: %s\n%s"
+                                 % (command, CTL, res.returncode, (res.stdout + res.stderr).strip(), units))
         time.sleep(2)
+
+
+def slurm_nodes():
+    out = ask("sinfo --noheader --Node --format '%N %t'")
+    return dict(line.split() for line in out.splitlines() if line.strip())
 
 
 def main_pid(machine, unit):
@@ -262,7 +268,7 @@ def job_state(job):
 
 
 def job_record(job):
-    out = on(CTL, "scontrol show job %s" % job).stdout
+    out = ask("scontrol show job %s" % job)
     return dict(re.findall(r"(\w+)=(\S+)", out))
 
 
