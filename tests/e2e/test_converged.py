@@ -234,14 +234,29 @@ def test_a_job_running_on_a_host_asked_to_move_ends_first(world):
     assert again.returncode != 0 and "metal3/%s has 0 host(s) to move, 1 asked" % SLURM_MD in again.stdout
 
 
+def source_machines_deleting(world, source):
+    """Every Machine of the source MachineDeployment is being deleted (or gone)."""
+    machines = world.co.list_namespaced_custom_object(
+        G, V, NS, "machines", label_selector="cluster.x-k8s.io/deployment-name=" + source)["items"]
+    return all(m["metadata"].get("deletionTimestamp") for m in machines)
+
+
 def finished_by_reconcile(world, source, target, source_index, log_name):
     """One host's move from source to target killed once the source let go, then one reconcile.yml that
-    says it finishes it."""
+    says it finishes it. It runs once Cluster API has started deleting the source's Machine, as the event path's
+    reconcile would (that deletion's event starts it): before that, a Slurm Machine is not yet leaving, and the
+    run would leave its host to the next one (on a loaded machine, the lowered replicas take seconds to become a
+    deletion)."""
     killed_once_the_source_let_go(world, {"from": source, "to": target, "count": 1}, source_index, log_name)
+    wait_for("Cluster API deleting the Machine of %s" % source, lambda: source_machines_deleting(world, source), 120)
     res = playbook("reconcile.yml")
+    with open(os.path.join(STATE, "logs", log_name.replace(".log", "-reconcile.log")), "w") as fh:
+        fh.write(res.stdout + res.stderr)
+    said = [line.strip() for line in res.stdout.splitlines() if "reconcile: " in line]
     assert res.returncode == 0, res.stdout[-4000:]
     assert "reconcile: finishing the move a run left: move %s: %s 1 -> 0, %s 0 -> 1" % (
-        HOST, source, target) in res.stdout
+        HOST, source, target) in res.stdout, said
+    assert world.replicas()[1 - source_index] == 1, (world.replicas(), said)
 
 
 def test_a_move_killed_either_way_is_finished_by_reconcile(world):
