@@ -71,17 +71,19 @@ def ask(command):
     """A Slurm query's output on CTL. A busy slurmctld (CI runs four labs on two cores) may time a client out
     now and then: a failed query is asked again for up to 30 s before it fails the test, with what both
     controllers' units say."""
-    deadline = time.time() + 30
-    while True:
-        res = on(CTL, command, check=False)
-        if res.returncode == 0:
-            return res.stdout
-        if time.time() > deadline:
-            units = "\n".join(on(m, "systemctl status --no-pager --lines=5 slurmctld", check=False).stdout
-                              for m in (PRIMARY, BACKUP))
-            raise AssertionError("%s on %s failed (%d) for 30 s: %s\n%s"
-                                 % (command, CTL, res.returncode, (res.stdout + res.stderr).strip(), units))
-        time.sleep(2)
+    last = []
+
+    def answered():
+        last[:] = [on(CTL, command, check=False)]
+        return last[0].returncode == 0
+
+    def why():
+        res = last[0]
+        units = "\n".join(on(m, "systemctl status --no-pager --lines=5 slurmctld", check=False).stdout
+                          for m in (PRIMARY, BACKUP))
+        return "exit %d: %s\n%s" % (res.returncode, (res.stdout + res.stderr).strip(), units)
+    wait_for("%s on %s to answer" % (command, CTL), answered, 30, poll=2, explain=why)
+    return last[0].stdout
 
 
 def slurm_nodes():
