@@ -1,4 +1,4 @@
-# converged.hpc: make lab brings up the lab and runs the main job; make test runs the tests.
+# converged.hpc: make lab brings up the lab and runs the main job; make test runs the gate, make test-all everything.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 export CONTAINERS_CONF := $(CURDIR)/lab/containers.conf
@@ -15,7 +15,7 @@ ifeq ($(origin KUBEBUILDER_ASSETS),undefined)
 export KUBEBUILDER_ASSETS := $(KUBE_ASSETS)
 endif
 
-.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images images-trixie images-bookworm unit lint sanity molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-converged test build ee
+.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images images-trixie images-bookworm unit lint sanity matrix molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-storage e2e-shape e2e-converged test test-all build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -83,13 +83,13 @@ images-bookworm:
 
 ## make kube-assets  build kube-apiserver, the Cluster API, CAPM3 and Bare Metal Operator managers from
 ##                 their Go modules (cached by version: minutes cold, seconds after), link them and etcd
-##                 in .lab/kube-assets ($$KUBEBUILDER_ASSETS)
+##                 in .lab/kube-assets (KUBEBUILDER_ASSETS)
 kube-assets:
 	@if [ "$$KUBEBUILDER_ASSETS" = "$(KUBE_ASSETS)" ]; then kube-assets/build.sh "$(KUBE_ASSETS)"; \
 	else echo "[kube-assets] KUBEBUILDER_ASSETS=$$KUBEBUILDER_ASSETS (given: nothing built)"; fi
 
-## make unit       unit and integration tests (pytest), on the real servers (make kube-assets)
-##                 make kube-assets builds (tests/kube: kube-apiserver, and the controllers' smoke test)
+## make unit       unit, integration and real-apiserver tests (pytest; tests/kube: kube-apiserver, and the
+##                 controllers' smoke test, on the servers make kube-assets builds)
 unit: dev-collection kube-assets
 	$(PYTHON) -m pytest -q --durations=10 tests/unit tests/integration tests/kube
 
@@ -121,90 +121,60 @@ molecule-22.05: dev-collection images-bookworm
 	  test $${PIPESTATUS[0]} -eq 0
 	$(PYTHON) tests/check_secrets.py molecule/cluster/molecule.yml .lab/logs/molecule-cluster-22.05.log
 
-## make e2e        end-to-end lab tests in labs of their own: the elastic lab (the longest) and
-##                 the autoscale lab run beside the others; their output is printed at the end
-comma := ,
-E2E_ELASTIC := tests/e2e/test_elastic.py
-E2E_AUTOSCALE := tests/e2e/test_autoscale.py
-E2E_RELEASES := tests/e2e/test_releases.py
-# two clusters in one management cluster: after the elastic lab, in its stream (the streams' lengths)
-E2E_TWO := tests/e2e/test_two_clusters.py
-# the pool shared with a Kubernetes workload cluster: after the Slurm 22.05 lab, in the second stream (the lengths)
-E2E_CONVERGED := tests/e2e/test_converged.py
-E2E_OTHERS := $(filter-out $(E2E_ELASTIC) $(E2E_AUTOSCALE) $(E2E_RELEASES) $(E2E_CONVERGED) $(E2E_TWO),$(sort $(wildcard tests/e2e/test_*.py)))
-E2E_RUN := $(PYTHON) -m pytest -q --durations=8
-# the matrix of make test and make e2e: the oldest ansible-core and AWX 24.6.1's EE's (2.19, the test bed's, runs the
-# rest); make matrix runs 2.18 too (CI's time: with the soak, make test's streams are full)
-TEST_MATRIX ?= 2.16 2.17
-# $(call beside,WHO,OTHERS,AFTER): the elastic lab then the two clusters lab in the background, and the autoscale lab followed
-# by the command AFTER (if any) in the background (their output in .lab/logs/e2e-elastic.log,
-# e2e-autoscale.log and checks.log, printed at the end) beside the command OTHERS; fails when any fails
-beside = set +e; start=$$(date +%s); \
-	( $(MAKE) -s -k e2e-elastic e2e-two e2e-releases >.lab/logs/e2e-elastic.log 2>&1; rc=$$?; echo $$(( $$(date +%s) - start )) >.lab/logs/e2e-elastic.s; \
-	  exit $$rc ) & elastic_pid=$$!; \
-	( $(MAKE) -s e2e-autoscale >.lab/logs/e2e-autoscale.log 2>&1; echo $$? >.lab/logs/e2e-autoscale.rc; \
-	  echo $$(( $$(date +%s) - start )) >.lab/logs/e2e-autoscale.s; \
-	  $(or $(3),true) >.lab/logs/checks.log 2>&1; echo $$? >.lab/logs/checks.rc; \
-	  echo $$(( $$(date +%s) - start )) >.lab/logs/checks.s ) & second_pid=$$!; \
-	$(2) 2>&1 | tee .lab/logs/$(1)-others.log; others=$${PIPESTATUS[0]}; others_s=$$(( $$(date +%s) - start )); \
-	wait $$elastic_pid; elastic=$$?; wait $$second_pid; \
-	autoscale=$$(cat .lab/logs/e2e-autoscale.rc); checks=$$(cat .lab/logs/checks.rc); \
-	echo "[$(1)] the elastic lab ($(E2E_ELASTIC)), then the two clusters lab ($(E2E_TWO)), the Slurm 22.05 lab ($(E2E_RELEASES)):"; cat .lab/logs/e2e-elastic.log; \
-	echo "[$(1)] the autoscale lab ($(E2E_AUTOSCALE)):"; cat .lab/logs/e2e-autoscale.log; \
-	$(if $(3),echo "[$(1)] after the autoscale lab$(comma) $(3):"; cat .lab/logs/checks.log;) \
-	echo "[$(1)] what failed (pytest's FAILED/ERROR lines, ansible-test's and ansible-lint's errors, molecule's failed scenarios), if anything:"; \
-	grep -hE '^(FAILED|ERROR) |^(ERROR|FATAL): |Failed.{0,8}: [0-9]+ failure|CRITICAL|Molecule executed .*failed|^\[matrix\] failed' .lab/logs/$(1)-others.log .lab/logs/e2e-elastic.log \
-	  .lab/logs/e2e-autoscale.log .lab/logs/checks.log 2>/dev/null | cut -c1-300 || true; \
-	echo "[$(1)] exit codes: $(2): $$others, the elastic lab: $$elastic, the autoscale lab: $$autoscale$(if $(3),$(comma) $(3): $$checks)"; \
-	echo "[$(1)] each stream done after (s): $(2): $$others_s, the elastic lab: $$(cat .lab/logs/e2e-elastic.s), the autoscale lab: $$(cat .lab/logs/e2e-autoscale.s)$(if $(3),$(comma) then $(3): $$(cat .lab/logs/checks.s))"; \
-	test $$others -eq 0 && test $$elastic -eq 0 && test $$autoscale -eq 0 && test $$checks -eq 0
-
+## make e2e        every end-to-end lab whole (make test-all's labs, in its two streams); E2E_MARK=gate in
+##                 any e2e-* target runs only that lab's gate tests (what make test runs of it)
+E2E_MARK ?=
+E2E_RUN = $(PYTHON) -m pytest -q --durations=8 $(if $(E2E_MARK),-m $(E2E_MARK))
 e2e: dev-collection images kube-assets
 	@mkdir -p .lab/logs
-	@$(call beside,e2e,$(MAKE) -s -k e2e-others matrix MATRIX="$(TEST_MATRIX)",$(MAKE) -s -k e2e-converged)
+	$(PYTHON) tests/tiers.py all --only elastic,two,images-bookworm,releases,autoscale,converged,shape,storage
 
 e2e-elastic: dev-collection images-trixie kube-assets
-	$(E2E_RUN) $(E2E_ELASTIC)
+	$(E2E_RUN) tests/e2e/test_elastic.py
 
 ## make e2e-converged  the shared pool: a Kubernetes workload cluster and Slurm on one pool of bare metal
 e2e-converged: dev-collection images-trixie kube-assets
-	$(E2E_RUN) $(E2E_CONVERGED)
+	$(E2E_RUN) tests/e2e/test_converged.py
 
 e2e-autoscale: dev-collection images-trixie kube-assets
-	$(E2E_RUN) $(E2E_AUTOSCALE)
+	$(E2E_RUN) tests/e2e/test_autoscale.py
 
-e2e-others: dev-collection images-trixie kube-assets
-	$(E2E_RUN) $(E2E_OTHERS)
+e2e-storage: dev-collection images-trixie kube-assets
+	$(E2E_RUN) tests/e2e/test_storage_identity.py
+
+e2e-shape: dev-collection images-trixie kube-assets
+	$(E2E_RUN) tests/e2e/test_shape.py
+
+e2e-others: e2e-shape e2e-storage
 
 ## make e2e-releases  Slurm 22.05 (Debian 12) in a lab of its own, and an upgrade refused
 e2e-releases: dev-collection images kube-assets
-	$(E2E_RUN) $(E2E_RELEASES)
+	$(E2E_RUN) tests/e2e/test_releases.py
 
 ## make e2e-two    two Slurm clusters in one management cluster, each converged on its own
 e2e-two: dev-collection images-trixie kube-assets
-	$(E2E_RUN) $(E2E_TWO)
+	$(E2E_RUN) tests/e2e/test_two_clusters.py
 
-## make test       everything CI runs (installs what is missing first): the real servers (make
-##                 kube-assets, CPU) built while the Debian 13 lab images build (mostly downloads), then three
-##                 streams at once (the Debian 12 images building beside them, for the Slurm 22.05 lab): the
-##                 elastic lab (ending with a 3-minute soak: SOAK_MINUTES=0 leaves it out; docs/soak.md), the
-##                 two clusters lab, the Slurm 22.05 lab (on the oldest ansible-core); the autoscale lab, then
-##                 pytest, the shared pool lab, the ha molecule scenario; the cluster scenario, the other labs,
-##                 the ansible-core matrix on 2.16 and 2.17 (its unit tests on the oldest: MATRIX_UNIT=all for
-##                 each; make matrix runs 2.18 too), lint and sanity (the first two
-##                 streams' output is printed at the end, and kept in .lab/logs/). Not in it: the default molecule
-##                 scenario (the lab image boots: the cluster and ha scenarios boot it first) and the cluster
-##                 scenario on 22.05 (make molecule-22.05: the 22.05 lab converges, validates and converges
-##                 again with nothing changed, on the same release)
+# what both tiers do first: the real servers (make kube-assets, CPU) built while the Debian 13 lab images build
+# (mostly downloads)
+prepare = set +e; mkdir -p .lab/logs; ( set -o pipefail; $(MAKE) -s kube-assets 2>&1 | tee .lab/logs/kube-assets.log ) & \
+	kube_pid=$$!; $(MAKE) -s images-trixie dev-collection; images=$$?; wait $$kube_pid; kube=$$?; \
+	echo "[$(1)] ready after $$(( $$(date +%s) - $$start )) s: images exit $$images, kube-assets exit $$kube"; \
+	test $$images -eq 0 && test $$kube -eq 0
+
+## make test       the gate, what CI runs (docs/testing.md): every unit, integration and real-apiserver test,
+##                 the oldest ansible-core's tests, lint and sanity, and each lab's gate tests (one path
+##                 through each promise), in two streams; a summary per suite at the end (.lab/logs/summary-gate.txt)
 test: deps
-	@mkdir -p .lab/logs
-	@set +e; ( set -o pipefail; $(MAKE) -s kube-assets 2>&1 | tee .lab/logs/kube-assets.log ) & kube_pid=$$!; \
-	  $(MAKE) images-trixie dev-collection; images=$$?; wait $$kube_pid; kube=$$?; \
-	  echo "[test] exit codes: images: $$images, kube-assets: $$kube"; test $$images -eq 0 && test $$kube -eq 0
-	@echo "[test] the Debian 12 images build beside the streams (log .lab/logs/images-bookworm.log)"
-	@set +e; $(MAKE) -s images-bookworm >.lab/logs/images-bookworm.log 2>&1 & bookworm_pid=$$!; \
-	  $(call beside,test,$(MAKE) -k molecule e2e-others matrix lint MATRIX="$(TEST_MATRIX)" SCENARIOS=cluster,$(MAKE) -k unit e2e-converged molecule SCENARIOS=ha); \
-	  rc=$$?; wait $$bookworm_pid; exit $$rc
+	@start=$$(date +%s); $(call prepare,gate)
+	@$(PYTHON) tests/tiers.py gate
+
+## make test-all   everything: make test's suites whole, every lab whole (the elastic lab's soak), every molecule
+##                 scenario (22.05 too), the ansible-core matrix; its summary (.lab/logs/summary-all.txt) is
+##                 what a change's note quotes (docs/testing.md)
+test-all: deps
+	@start=$$(date +%s); $(call prepare,all)
+	@$(PYTHON) tests/tiers.py all
 
 ## make build      build the collection tarball
 build:

@@ -61,16 +61,37 @@ class Lab:
     def on(self, machine, command, check=True):
         return self.sh("podman", "exec", machine, "bash", "-c", command, check=check)
 
+    def ask(self, machine, command, timeout=30, explain=None, accept=None):
+        """A status query's output on machine (sinfo, squeue, scontrol show). A busy slurmctld times a client
+        out now and then: a query that fails (and whose result accept(result) does not take as an answer) is
+        asked again every 2 s for up to timeout seconds before it fails the test, naming the command, its last
+        error and what explain() returns (say, the controllers' units). Its stdout."""
+        last = []
+
+        def answered():
+            last[:] = [self.on(machine, command, check=False)]
+            return last[0].returncode == 0 or (accept is not None and accept(last[0]))
+
+        def why():
+            res = last[0]
+            return "exit %d: %s%s" % (res.returncode, (res.stdout + res.stderr).strip()[-2000:],
+                                      "\n" + explain() if explain else "")
+        wait_for("%s on %s to answer" % (command, machine), answered, timeout, poll=2, explain=why)
+        return last[0].stdout
+
+    def job_state(self, machine, job):
+        """A job's JobState as scontrol on machine shows it, or None when Slurm no longer knows it (a controller
+        that does not answer is asked again for a minute)."""
+        out = self.ask(machine, "scontrol show job %s" % job, timeout=60,
+                       accept=lambda res: "Invalid job id" in res.stdout + res.stderr)
+        found = re.search(r"JobState=(\S+)", out)
+        return found.group(1) if found else None
+
     def sssd_conf_mode(self, machine):
         """The mode the sssd role gives sssd.conf there: 0640 on Debian 13 (SSSD 2.10's unit gives
         /etc/sssd to its group), 0600 before."""
         major = self.on(machine, ". /etc/os-release; echo $VERSION_ID").stdout.strip().split(".")[0]
         return "640" if int(major) >= 13 else "600"
-
-    def job_state(self, machine, job):
-        """A job's JobState as scontrol on machine shows it, or None when Slurm no longer knows it."""
-        found = re.search(r"JobState=(\S+)", self.on(machine, "scontrol show job %s" % job, check=False).stdout)
-        return found.group(1) if found else None
 
     def slurm_release(self, machine):
         """The Slurm release a machine has ("24.11" on Debian 13, "22.05" on Debian 12): its slurmd's or

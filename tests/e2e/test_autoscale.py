@@ -62,7 +62,7 @@ def machines(co):
 
 
 def slurm_nodes():
-    out = on(CTL, "sinfo --noheader --Node --format '%N %t'", check=False).stdout
+    out = LAB.ask(CTL, "sinfo --noheader --Node --format '%N %t'")
     return dict(line.split() for line in out.splitlines() if line.strip())
 
 
@@ -73,7 +73,8 @@ def submit(nodes, *options):
 
 
 def job_state(job):
-    out = on(CTL, "scontrol show job --oneliner %s" % job, check=False).stdout
+    out = LAB.ask(CTL, "scontrol show job --oneliner %s" % job, timeout=60,
+                  accept=lambda res: "Invalid job id" in res.stdout + res.stderr)
     state = re.search(r"JobState=(\S+)", out)
     code = re.search(r"ExitCode=(\S+)", out)
     return (state.group(1) if state else "UNKNOWN", code.group(1) if code else "")
@@ -89,6 +90,7 @@ def wait(what, predicate, timeout, poll=2):
                     explain=lambda: "Slurm: %s\nevents log:\n%s" % (slurm_nodes(), events_log()[-4000:]))
 
 
+@pytest.mark.gate
 def test_an_empty_pool_grows_runs_every_job_and_shrinks_back_to_zero(lab):
     assert replicas(lab) == 0 and machines(lab) == [] and slurm_nodes() == {}
     # submitted at once, before the event path starts: its first tick sees the three
@@ -125,6 +127,7 @@ def test_an_empty_pool_grows_runs_every_job_and_shrinks_back_to_zero(lab):
         fh.write("jobs 1+2+2 nodes, 0 -> 3 -> 0\tall done %.1f s\tback to 0 %.1f s\n" % (done, time.time() - started))
 
 
+@pytest.mark.gate
 def test_jobs_more_nodes_would_not_start_scale_nothing(lab):
     held = submit(1, "--hold")
     dependent = submit(1, "--dependency=afterok:%s" % held)
@@ -368,6 +371,7 @@ def test_new_machines_join_slurm_at_first_boot_with_no_playbook_run(lab):
         set_bootstrap(lab, MD)
 
 
+@pytest.mark.gate
 def test_no_secret_in_any_log(lab):
     token = open(os.path.join(STATE, "capi", "token")).read().strip()
     key = open(os.path.join(STATE, "capi", "munge.key"), "rb").read()  # served as a Secret to site.yml

@@ -93,12 +93,13 @@ def world():
 
 
 def slurm_nodes():
-    out = on(CTL, "sinfo --noheader --Node --format '%N %P %t'", check=False).stdout
+    out = LAB.ask(CTL, "sinfo --noheader --Node --format '%N %P %t'")
     return sorted(tuple(line.split()) for line in out.splitlines() if line.strip())
 
 
 def job_state(job):
-    out = on(CTL, "scontrol show job --oneliner %s" % job, check=False).stdout
+    out = LAB.ask(CTL, "scontrol show job --oneliner %s" % job, timeout=60,
+                  accept=lambda res: "Invalid job id" in res.stdout + res.stderr)
     state, code = re.search(r"JobState=(\S+)", out), re.search(r"ExitCode=(\S+)", out)
     return (state.group(1) if state else None, code.group(1) if code else "")
 
@@ -126,6 +127,7 @@ def moved_line(out):
     return found.group(0) if found else ""
 
 
+@pytest.mark.gate
 def test_the_host_starts_as_a_kubernetes_worker(world):
     assert world.replicas() == (0, 1) and world.side() == KUBE_MD
     node = world.nodes()[HOST]
@@ -133,6 +135,7 @@ def test_the_host_starts_as_a_kubernetes_worker(world):
     assert slurm_nodes() == []
 
 
+@pytest.mark.gate
 def test_bad_moves_are_refused_before_any_change(world):
     before = world.snapshot()
     # a host without the hardware the target's node type selects (compute takes hosts without a GPU)
@@ -148,6 +151,7 @@ def test_bad_moves_are_refused_before_any_change(world):
     assert world.snapshot() == before
 
 
+@pytest.mark.gate
 def test_a_gpu_job_waiting_in_slurm_brings_the_idle_worker_over(world):
     job = gpu_job()
     wait_for("the job pending", lambda: job_state(job)[0] == "PENDING", 30)
@@ -168,6 +172,7 @@ def test_a_gpu_job_waiting_in_slurm_brings_the_idle_worker_over(world):
     assert HOST not in world.nodes()  # the worker's Node is gone from the workload cluster
 
 
+@pytest.mark.gate
 def test_a_pending_pod_takes_the_host_only_once_its_job_has_ended(world):
     job = gpu_job(900)  # it runs as long as the test needs it to (a rebalance run on a loaded machine: a minute)
     wait_for("the job running", lambda: job_state(job)[0] == "RUNNING", 60)
@@ -279,6 +284,7 @@ def test_a_move_killed_either_way_is_finished_by_reconcile(world):
     assert res.returncode == 0 and "reconcile: nothing to do" in res.stdout, res.stdout[-4000:]
 
 
+@pytest.mark.gate
 def test_a_gpu_host_moved_to_slurm_joins_at_its_first_boot_and_the_waiting_job_runs_on_it(world):
     """The Slurm GPU MachineDeployment joins at boot, as a site sets it: converged_join_at_boot names it,
     join_at_boot.yml writes its bootstrap data, its template names that Secret. The pool's GPU hosts are named

@@ -68,22 +68,10 @@ def why_failed(res):
 
 
 def ask(command):
-    """A Slurm query's output on CTL. A busy slurmctld (CI runs four labs on two cores) may time a client out
-    now and then: a failed query is asked again for up to 30 s before it fails the test, with what both
-    controllers' units say."""
-    last = []
-
-    def answered():
-        last[:] = [on(CTL, command, check=False)]
-        return last[0].returncode == 0
-
-    def why():
-        res = last[0]
-        units = "\n".join(on(m, "systemctl status --no-pager --lines=5 slurmctld", check=False).stdout
-                          for m in (PRIMARY, BACKUP))
-        return "exit %d: %s\n%s" % (res.returncode, (res.stdout + res.stderr).strip(), units)
-    wait_for("%s on %s to answer" % (command, CTL), answered, 30, poll=2, explain=why)
-    return last[0].stdout
+    """A Slurm query's output on CTL, asked again for up to 30 s while a busy slurmctld does not answer (CI runs
+    labs side by side on two cores); a failure names what both controllers' units say."""
+    return LAB.ask(CTL, command, explain=lambda: "\n".join(
+        on(m, "systemctl status --no-pager --lines=5 slurmctld", check=False).stdout for m in (PRIMARY, BACKUP)))
 
 
 def slurm_nodes():
@@ -130,6 +118,7 @@ def removed_by_the_host_agent(names):
              lambda: not set(names) & containers(), 60)
 
 
+@pytest.mark.gate
 def test_site_put_the_hook_on_every_slurm_machine(lab):
     # the lab's first Machines are born without it (capi_objects.py): site.yml put it
     # controllers and compute nodes; the accounting machine is not held (docs/accounting.md)
@@ -137,6 +126,7 @@ def test_site_put_the_hook_on_every_slurm_machine(lab):
     assert len(items) == 4 and all(HOOK in m["metadata"].get("annotations", {}) for m in items), items
 
 
+@pytest.mark.gate
 def test_scale_up_2_to_4_new_nodes_idle_controller_untouched(lab):
     ctl_pid = main_pid(CTL, "slurmctld")
     old = {n: main_pid(n, "slurmd") for n in ("elab-cn-01", "elab-cn-02")}
@@ -161,6 +151,7 @@ def test_scale_up_2_to_4_new_nodes_idle_controller_untouched(lab):
     assert "new to Slurm" in open(os.path.join(STATE, "logs", "scale_up.log")).read()
 
 
+@pytest.mark.gate
 def test_scale_down_4_to_2_waits_for_the_running_job(lab):
     victims = sorted(compute_machines(lab, deleting=False), key=hostname)[-2:]
     names = [hostname(m) for m in victims]
@@ -435,6 +426,7 @@ def test_the_management_cluster_unreachable_when_the_hook_would_be_released(lab)
     record("management cluster unreachable at release: failure -> released by the next run", time.time() - failed)
 
 
+@pytest.mark.gate
 def test_a_leaving_node_powered_off(lab):
     res = scale(3)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -699,6 +691,7 @@ def start_ssh_again(machine):
                         check=False).returncode == 0, 120, poll=3, explain=explain)
 
 
+@pytest.mark.gate
 def test_the_event_path_follows_scaling_with_nobody_running_a_playbook(lab):
     # the event path as `make lab` leaves it: ansible-rulebook, the capi_machines source, reconcile.yml
     res = scale(1)  # from one node (no event path yet: scale_down.yml), whatever ran before
@@ -739,6 +732,7 @@ def events_log():
     return open(path).read() if os.path.exists(path) else ""
 
 
+@pytest.mark.gate
 def test_the_primary_controller_killed_during_a_drain(lab):
     global CTL
     res = scale(2)
@@ -900,6 +894,7 @@ def test_the_last_controller_keeps_its_hook(lab):
     completed([on(CTL, "sbatch --parsable --nodes=1 --wrap hostname").stdout.strip()])
 
 
+@pytest.mark.gate
 def test_every_job_of_the_lab_has_its_final_record_in_accounting(lab):
     # through both controllers' lives: the primary was killed, then deleted; slurmdbd on elab-db-01 kept it all
     # each array task (the soak submits arrays) by its own job id: JobIDRaw (JobID says 22_1, which int() reads
@@ -919,6 +914,7 @@ def test_every_job_of_the_lab_has_its_final_record_in_accounting(lab):
     assert "AccountingStorageHost=10.89.80.6" in on(CTL, "cat /etc/slurm/slurm.conf").stdout
 
 
+@pytest.mark.gate
 def test_no_secret_in_any_log(lab):
     import base64
     token = open(os.path.join(STATE, "capi", "token")).read().strip()

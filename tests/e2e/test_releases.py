@@ -43,7 +43,7 @@ def job_state(job):
 
 
 def slurm_nodes():
-    out = on(CTL, "sinfo --noheader --Node --format '%N %t'").stdout
+    out = LAB.ask(CTL, "sinfo --noheader --Node --format '%N %t'")
     return dict(line.split() for line in out.splitlines() if line.strip())
 
 

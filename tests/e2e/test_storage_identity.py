@@ -32,6 +32,7 @@ def lab():
     LAB.down()
 
 
+@pytest.mark.gate
 def test_ganesha_serves_the_exports(lab):
     assert on(CTL, "systemctl is-active nfs-ganesha").stdout.strip() == "active"
     conf = on(CTL, "cat /etc/ganesha/ganesha.conf").stdout
@@ -40,6 +41,7 @@ def test_ganesha_serves_the_exports(lab):
         ["root 755", "alice 700"]
 
 
+@pytest.mark.gate
 def test_export_works_from_a_compute_node_with_libnfs(lab):
     on(CN, "echo written-over-nfs-by-%s > /tmp/probe.txt" % CN)
     on(CN, "nfs-cp /tmp/probe.txt nfs://%s/srv/shared/home/probe.txt" % CTL)
@@ -48,6 +50,7 @@ def test_export_works_from_a_compute_node_with_libnfs(lab):
     assert "probe.txt" in listing
 
 
+@pytest.mark.gate
 def test_compute_node_fstab_and_slurmd_ordering(lab):
     fstab = on(CN, "cat /etc/fstab").stdout
     assert "10.89.85.11:/srv/shared/home /home nfs rw,hard,noatime,_netdev,vers=4.2 0 0" in fstab
@@ -73,6 +76,7 @@ def test_relative_export_path_fails_before_any_change(lab):
     assert on(CTL, "sha256sum /etc/ganesha/ganesha.conf").stdout == before
 
 
+@pytest.mark.gate
 def test_directory_users_resolve_on_every_node(lab):
     for node in NODES:
         assert on(node, "getent passwd alice").stdout.strip() == "alice:*:5001:5000:Alice Lab:/home/alice:/bin/bash"
@@ -126,6 +130,7 @@ nfs-cp "$work/result.txt" "$home/mpi-hello-$SLURM_JOB_ID.out"
 """
 
 
+@pytest.mark.gate
 def test_ldap_user_runs_an_mpi_job_from_and_into_the_shared_home(lab):
     on(CTL, "cat > /tmp/mpi-hello.c <<'EOF'\n%sEOF\ncat > /tmp/mpi-alice.sh <<'EOF'\n%sEOF\n"
             "chmod 0644 /tmp/mpi-hello.c /tmp/mpi-alice.sh" % (MPI_HELLO, JOB))
@@ -166,6 +171,7 @@ def test_missing_ca_file_with_tls_fails_before_any_change(lab):
     assert on(CN, "sha256sum /etc/sssd/sssd.conf").stdout == before
 
 
+@pytest.mark.gate
 def test_identity_converge_is_idempotent(lab):
     res = LAB.playbook("identity.yml")
     assert res.returncode == 0, res.stdout[-2000:]
@@ -267,6 +273,7 @@ def submit_body(api, name, script):
                     "environment": ["PATH=/bin:/usr/bin"], "script": script}}
 
 
+@pytest.mark.gate
 def test_a_job_submitted_over_rest_runs_as_alice_and_is_accounted(lab):
     api, _refused = rest_api()
     tok = token("alice")
@@ -288,6 +295,7 @@ def test_a_job_submitted_over_rest_runs_as_alice_and_is_accounted(lab):
     assert rec["status"] == 200 and states in ([(job, "COMPLETED")], [(job, ["COMPLETED"])]), rec
 
 
+@pytest.mark.gate
 def test_a_wrong_token_and_no_token_are_refused(lab):
     api, refused = rest_api()
     good = token("alice")
@@ -302,6 +310,7 @@ def test_a_wrong_token_and_no_token_are_refused(lab):
     assert "auth_p_verify" in on(CTL, "tail -n 50 /var/log/slurm/slurmctld.log").stdout
 
 
+@pytest.mark.gate
 def test_every_job_of_this_lab_has_a_final_record(lab):
     out = on(CTL, "sacct --noheader --parsable2 --allocations --allusers --starttime 2000-01-01 "
                   "--format JobID,User,State,ExitCode").stdout.strip().splitlines()
@@ -327,6 +336,7 @@ def test_accounting_backup_dumps_a_database_that_restores(lab, tmp_path):
     on(CTL, "mariadb -e 'DROP DATABASE restore_check'")
 
 
+@pytest.mark.gate
 def test_bad_accounting_and_rest_input_fails_before_any_change(lab):
     files = "/etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf /etc/systemd/system/slurmrestd.service.d/converged-hpc.conf"
     before = on(CTL, "sha256sum " + files).stdout

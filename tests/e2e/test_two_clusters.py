@@ -36,7 +36,7 @@ def untouched(machine):
 
 
 def nodes(ctl):
-    return LAB.on(ctl, "sinfo --noheader --Node --format '%N %t'").stdout.split()
+    return LAB.ask(ctl, "sinfo --noheader --Node --format '%N %t'").split()
 
 
 def main_pid(machine, unit):
