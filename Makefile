@@ -15,7 +15,7 @@ ifeq ($(origin KUBEBUILDER_ASSETS),undefined)
 export KUBEBUILDER_ASSETS := $(KUBE_ASSETS)
 endif
 
-.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images images-trixie images-bookworm unit lint sanity matrix molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-storage e2e-shape e2e-converged test test-all build ee
+.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images images-trixie images-bookworm unit lint sanity matrix molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-storage e2e-shape e2e-converged e2e-cores test test-all build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -93,7 +93,8 @@ kube-assets:
 unit: dev-collection kube-assets
 	$(PYTHON) -m pytest -q --durations=10 tests/unit tests/integration tests/kube
 
-## make matrix     on each older ansible-core the collection claims (2.16, 2.17, 2.18; MATRIX="2.16" for one),
+## make matrix     on each ansible-core the collection claims besides the test bed's 2.19 (2.16, 2.17, 2.18, 2.20,
+##                 2.21; MATRIX="2.16" for one; 2.20 and 2.21 on a Python 3.12+ control node),
 ##                 in venvs of their own: the unit tests, sanity's release-dependent tests, a syntax check of
 ##                 every playbook (tests/matrix.sh); the releases lab converges on the oldest
 matrix: dev-collection kube-assets
@@ -127,7 +128,7 @@ E2E_MARK ?=
 E2E_RUN = $(PYTHON) -m pytest -q --durations=8 $(if $(E2E_MARK),-m $(E2E_MARK))
 e2e: dev-collection images kube-assets
 	@mkdir -p .lab/logs
-	$(PYTHON) tests/tiers.py all --only elastic,two,images-bookworm,releases,autoscale,converged,shape,storage
+	$(PYTHON) tests/tiers.py all --only elastic,two,images-bookworm,releases,cores-lab,autoscale,converged,shape,storage
 
 e2e-elastic: dev-collection images-trixie kube-assets
 	$(E2E_RUN) tests/e2e/test_elastic.py
@@ -150,6 +151,10 @@ e2e-others: e2e-shape e2e-storage
 ## make e2e-releases  Slurm 22.05 (Debian 12) in a lab of its own, and an upgrade refused
 e2e-releases: dev-collection images kube-assets
 	$(E2E_RUN) tests/e2e/test_releases.py
+
+## make e2e-cores  the main job on the newest and the oldest ansible-core (2.21 on Python 3.12+, 2.16)
+e2e-cores: dev-collection images-trixie kube-assets
+	$(E2E_RUN) tests/e2e/test_cores.py
 
 ## make e2e-two    two Slurm clusters in one management cluster, each converged on its own
 e2e-two: dev-collection images-trixie kube-assets

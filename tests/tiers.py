@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The two test tiers: `make test` (the gate, what CI runs) and `make test-all` (everything).
 
     python3 tests/tiers.py gate|all [--only SUITE[,SUITE...]] [--list]
@@ -30,10 +29,15 @@ SUITES = {
     "lint": (MAKE + ["lint"], "ansible-lint --profile production and ansible-test sanity"),
     "oldest-core": (["tests/matrix.sh", "2.16"],
                     "the oldest ansible-core claimed (2.16): unit tests, sanity's release tests, every playbook's syntax"),
-    "matrix": (MAKE + ["matrix"], "every other ansible-core claimed: sanity's release tests, syntax (tests/matrix.sh)"),
+    "newest-core": (["env", "MATRIX_STEPS=syntax", "tests/matrix.sh", "2.21"],
+                    "the newest ansible-core (2.21, on Python 3.12+): every playbook's syntax (its facts and TLS tests "
+                    "run in unit)"),
+    "matrix": (["env", "MATRIX_UNIT=all", "tests/matrix.sh"],
+               "every ansible-core claimed besides the test bed's 2.19 (2.16, 2.17, 2.18, 2.20, 2.21): unit tests, "
+               "sanity's release tests, every playbook's syntax"),
     "elastic-gate": (MAKE + ["e2e-elastic", "E2E_MARK=gate"],
-                     "the elastic lab (HA, accounting host), its gate tests: scale with a job on a leaving node, "
-                     "a leaving node powered off, the event path, the primary killed mid-drain, 0 lost in sacct"),
+                     "the elastic lab (HA, accounting host), its gate tests: a leaving node powered off (scale_up.yml "
+                     "and scale_down.yml), the event path, the primary killed mid-drain, 0 lost in sacct"),
     "autoscale-gate": (MAKE + ["e2e-autoscale", "E2E_MARK=gate"],
                        "the autoscale lab, its gate tests: 0 -> max -> 0 by the rulebook's tick, held jobs scale nothing"),
     "converged-gate": (MAKE + ["e2e-converged", "E2E_MARK=gate"],
@@ -48,6 +52,9 @@ SUITES = {
     "two": (MAKE + ["e2e-two"], "two clusters on one management cluster"),
     "images-bookworm": (MAKE + ["images-bookworm"], "the Debian 12 images (for the Slurm 22.05 lab and scenario)"),
     "releases": (MAKE + ["e2e-releases"], "Slurm 22.05 on the oldest ansible-core, an unsafe upgrade refused"),
+    "cores-lab": (MAKE + ["e2e-cores"],
+                  "the main job on ansible-core 2.21 (Python 3.13) and 2.16: converge, validate with accounting and "
+                  "REST, a whole converge again changing nothing"),
     "molecule-default": (MAKE + ["molecule", "SCENARIOS=default"], "molecule: the lab image boots"),
     "molecule-cluster": (MAKE + ["molecule", "SCENARIOS=cluster"], "molecule: the cluster scenario"),
     "molecule-ha": (MAKE + ["molecule", "SCENARIOS=ha"], "molecule: the ha scenario (takeover timings)"),
@@ -57,11 +64,11 @@ SUITES = {
 # the streams of each tier, run at once (two: see the module's docstring)
 TIERS = {
     "gate": [
-        ["elastic-gate", "storage-gate", "oldest-core"],
-        ["unit", "autoscale-gate", "converged-gate", "lint"],
+        ["elastic-gate", "storage-gate", "converged-gate", "lint", "newest-core"],
+        ["unit", "autoscale-gate", "oldest-core"],
     ],
     "all": [
-        ["elastic", "two", "images-bookworm", "releases", "molecule-22.05", "molecule-default", "matrix"],
+        ["elastic", "two", "images-bookworm", "releases", "molecule-22.05", "molecule-default", "matrix", "cores-lab"],
         ["unit", "autoscale", "converged", "shape", "storage", "molecule-cluster", "molecule-ha", "lint"],
     ],
 }
@@ -100,15 +107,15 @@ class Sampler(threading.Thread):
                 out.flush()
 
     def mean(self, start, end):
-        picked = [(b, l) for t, b, l in self.samples if start <= t <= end]
+        picked = [(busy, load) for when, busy, load in self.samples if start <= when <= end]
         if not picked:
             return None
-        return sum(b for b, _ in picked) / len(picked), max(l for _, l in picked)
+        return sum(busy for busy, _load in picked) / len(picked), max(load for _busy, load in picked)
 
 
 def run_stream(names, results, tier):
     for name in names:
-        cmd, _ = SUITES[name]
+        cmd = SUITES[name][0]
         log = os.path.join(LOGS, "suite-%s.log" % name)
         start = time.time()
         print("[%s] %s: started (%s, log %s)" % (tier, name, " ".join(cmd), os.path.relpath(log, REPO)), flush=True)
@@ -116,8 +123,8 @@ def run_stream(names, results, tier):
             rc = subprocess.call(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         end = time.time()
         results[name] = (rc, start, end)
-        print("[%s] %s: %s after %.1f min" % (tier, name, "passed" if rc == 0 else "FAILED (exit %d)" % rc,
-                                               (end - start) / 60), flush=True)
+        verdict = "passed" if rc == 0 else "FAILED (exit %d)" % rc
+        print("[%s] %s: %s after %.1f min" % (tier, name, verdict, (end - start) / 60), flush=True)
 
 
 def closing_line(name):
@@ -130,6 +137,22 @@ def closing_line(name):
     found = [line.strip("= ") for line in lines
              if re.search(r"\d+ (passed|failed)|^\[matrix\] (every|failed)|Passed: \d+|Molecule executed", line)]
     return "; ".join(found[-3:])[:200]
+
+
+def pytest_counts(names):
+    """The pytest tests the suites ran, from each one's closing lines: (passed, failed and errors)."""
+    passed = failed = 0
+    for name in names:
+        try:
+            with open(os.path.join(LOGS, "suite-%s.log" % name), errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if re.search(r"^=*\s*\d+ (passed|failed|error)", line.strip()) and re.search(r" in [\d.]+s", line):
+                passed += sum(int(n) for n in re.findall(r"(\d+) passed", line))
+                failed += sum(int(n) for n in re.findall(r"(\d+) (?:failed|errors?)\b", line))
+    return passed, failed
 
 
 def failed_lines(name):
@@ -186,8 +209,8 @@ def main():
     sampler.stop.set()
     summary = ["[%s] commit %s, %s, %d streams at once on %d cores" % (
         args.tier, commit(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)), len(streams), os.cpu_count())]
-    summary.append("[%s] %-16s %-8s %7s %9s %6s  %s" % (args.tier, "suite", "result", "minutes", "CPU busy", "load",
-                                                       "its closing line"))
+    summary.append("[%s] %-16s %-8s %7s %9s %6s  %s" % (
+        args.tier, "suite", "result", "minutes", "CPU busy", "load", "its closing line"))
     for stream in streams:
         for name in stream:
             rc, start, end = results.get(name, (None, started, started))
@@ -195,7 +218,7 @@ def main():
             summary.append("[%s] %-16s %-8s %7.1f %8s%% %6s  %s" % (
                 args.tier, name, "passed" if rc == 0 else "FAILED", (end - start) / 60,
                 "%.0f" % cpu[0] if cpu else "-", "%.1f" % cpu[1] if cpu else "-", closing_line(name)))
-    failed = [n for n, (rc, _, _) in results.items() if rc != 0]
+    failed = [n for n, result in results.items() if result[0] != 0]
     whole = sampler.mean(started, ended)
     summary.append("[%s] the machine's CPU over the tier: %s%% busy on average, load at most %s (%s)" % (
         args.tier, "%.0f" % whole[0] if whole else "-", "%.1f" % whole[1] if whole else "-",
@@ -205,6 +228,8 @@ def main():
         summary.extend("    " + line for line in failed_lines(name))
     summary.append("[%s] %s: %d of %d suites passed in %.1f min" % (
         args.tier, "FAILED" if failed else "passed", len(results) - len(failed), len(results), (ended - started) / 60))
+    passed, failed_tests = pytest_counts(n for stream in streams for n in stream)
+    summary.append("tests: %d passed, %d failed" % (passed, failed_tests))
     text = "\n".join(summary)
     print(text, flush=True)
     with open(os.path.join(LOGS, "summary-%s.txt" % args.tier), "w") as fh:
