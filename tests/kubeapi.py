@@ -50,6 +50,14 @@ MARKER_RULES = [{"apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"], "
 # the collection's own roles (rbac/*.yml, what a site grants each part): a token each, with exactly that role
 RBAC_DIR = os.path.normpath(os.path.join(HERE, "..", "rbac"))
 
+# a CA as a real one is made (kubeadm's, an enterprise CA's): what Python 3.13's strict X.509 checks ask for
+CA_EXTENSIONS = ("-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+                 "-addext", "subjectKeyIdentifier=hash")
+# a server certificate's extensions (openssl x509 -extfile), given its subjectAltName
+SERVER_EXTENSIONS = ("basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+                     "extendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
+                     "subjectAltName=%s\n")
+
 
 def collection_role(name):
     """The rules of the collection's ClusterRole converged-hpc-NAME (- for _), as rbac/NAME.yml ships them."""
@@ -517,12 +525,14 @@ class KubeApiServer:
         def openssl(*args):
             subprocess.run(["openssl"] + list(args), cwd=w, check=True, capture_output=True)
 
+        # as a real CA makes them (kubeadm's): Python 3.13 checks X.509 strictly and refuses a CA without
+        # basicConstraints and keyUsage, a server certificate without subjectAltName
         openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=converged-hpc-test-ca",
-                "-keyout", "ca.key", "-out", "ca.crt")
+                *CA_EXTENSIONS, "-keyout", "ca.key", "-out", "ca.crt")
         openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver", "-keyout", "server.key",
                 "-out", "server.csr")
         with open(os.path.join(w, "san.ext"), "w") as fh:
-            fh.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+            fh.write(SERVER_EXTENSIONS % "IP:127.0.0.1,DNS:localhost")
         openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
                 "-days", "2", "-extfile", "san.ext", "-out", "server.crt")
         openssl("genrsa", "-out", "sa.key", "2048")
@@ -628,7 +638,9 @@ class Controllers:
         os.makedirs(os.path.join(w, "webhook"), exist_ok=True)
         kubeconfig = self.server.kubeconfig(os.path.join(w, "kubeconfig"), context="controllers")
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                        "-subj", "/CN=webhooks", "-keyout", "webhook/tls.key", "-out", "webhook/tls.crt"],
+                        "-subj", "/CN=webhooks", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                        "-addext", "keyUsage=critical,digitalSignature,keyEncipherment,keyCertSign",
+                        "-addext", "extendedKeyUsage=serverAuth", "-keyout", "webhook/tls.key", "-out", "webhook/tls.crt"],
                        cwd=w, check=True, capture_output=True)
         bin_dir = self.server.assets
         for name in self.BINARIES:

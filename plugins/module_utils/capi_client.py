@@ -145,6 +145,21 @@ def _status_message(body):
         return text.strip()
 
 
+# what OpenSSL says of a certificate Python 3.13's strict X.509 checks (ssl.VERIFY_X509_STRICT) refuse
+_STRICT_X509 = ("key usage", "basic constraints", "Basic Constraints", "authority key identifier",
+                "subject key identifier", "invalid CA certificate")
+
+
+def strict_x509_hint(text):
+    """What to tell of a verification failure that only a strict check makes: Python 3.13 and later verify
+    certificates strictly by default, and a CA made without the extensions a real CA puts in is refused."""
+    if not any(marker in text for marker in _STRICT_X509):
+        return ""
+    return ("; Python 3.13 and later check certificates strictly (VERIFY_X509_STRICT): the CA needs "
+            "basicConstraints CA:TRUE and keyUsage keyCertSign (both critical) and the server's certificate a "
+            "subjectAltName, as kubeadm's have - make the CA again with them (docs/inventory.md)")
+
+
 def scrub(text, secrets=()):
     """A library's error text without credentials: bearer tokens and the given secrets removed."""
     text = _BEARER.sub(r"\1<redacted>", str(text))
@@ -352,8 +367,8 @@ class CapiReader:
             text = scrub(reason, self._secrets())
             if "CERTIFICATE_VERIFY_FAILED" in text or "SSLCertVerificationError" in text or "certificate verify" in text:
                 raise CapiApiError("TLS verification of the Kubernetes API at %s failed (ca_cert / "
-                                   "K8S_AUTH_SSL_CA_CERT, or the kubeconfig's certificate-authority): %s"
-                                   % (self.host, text))
+                                   "K8S_AUTH_SSL_CA_CERT, or the kubeconfig's certificate-authority): %s%s"
+                                   % (self.host, text, strict_x509_hint(text)))
             raise CapiApiError("cannot reach the Kubernetes API at %s: %s" % (self.host, text))
         return resp.status, resp.data
 
