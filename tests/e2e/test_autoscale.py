@@ -90,6 +90,34 @@ def wait(what, predicate, timeout, poll=2):
                     explain=lambda: "Slurm: %s\nevents log:\n%s" % (slurm_nodes(), events_log()[-4000:]))
 
 
+def validate_report():
+    """The lines of validate.yml's report from the lab's converge (lab/lab.sh converge)."""
+    log = open(os.path.join(STATE, "logs", "validate.log")).read()
+    block = log[log.index("TASK [Report]"):]
+    block = block[:block.index("PLAY RECAP")]
+    return [line.strip().rstrip(",").strip('"') for line in block.splitlines() if line.strip().startswith('"')
+            and not line.strip().startswith('"msg"')]
+
+
+@pytest.mark.gate
+def test_validate_with_no_compute_node_says_what_it_skipped_and_claims_nothing(lab):
+    # the lab's converge validated a cluster with no compute node: no job could run, and the report says so
+    report = validate_report()
+    assert "nodes IDLE: none (no compute node in the inventory)" in report, report
+    assert "partitions: no node in any partition: srun skipped" in report, report
+    assert "sbatch job: skipped (no compute node)" in report, report
+    assert "MPI: skipped (no compute node)" in report, report
+    assert "munge: skipped (no compute node to decode a credential on)" in report, report
+    assert "accounting: on; no job to read back (no compute node)" in report, report
+    assert any(line.startswith("skipped, no compute node: srun, the batch job, MPI") for line in report), report
+    # and nothing it did not see: no job, no rank, no accounting record
+    text = "\n".join(report)
+    assert "exit code 0" not in text and "rank(s) reported" not in text and "sacct job" not in text, report
+    assert on(CTL, "sacct --noheader --allocations --allusers --starttime 2000-01-01 --format JobID").stdout.strip() \
+        == "", "validate.yml ran no job, yet accounting holds one"
+    assert any(line.startswith("REST: slurmrestd v0.0.") for line in report), report
+
+
 @pytest.mark.gate
 def test_an_empty_pool_grows_runs_every_job_and_shrinks_back_to_zero(lab):
     assert replicas(lab) == 0 and machines(lab) == [] and slurm_nodes() == {}
