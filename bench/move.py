@@ -7,10 +7,12 @@ Each round moves the host Kubernetes -> Slurm with a GPU job waiting (drained by
 claimed by the Slurm gpu MachineDeployment, booted, joined to Slurm by scale_up.yml in the same run: timed until
 the job is RUNNING and until the run ends), then
 Slurm -> Kubernetes (drained through our hook by scale_down.yml, deprovisioned, claimed by the workers,
-booted, its Node registered). Printed per move: the run's wall time, and move.yml's own breakdown - planning,
-the source letting go, deprovisioning (Ironic's cleaning, held --deprovision-seconds by the host agent), claim and boot
-- and the collection's part: the time to the job RUNNING (or to the end) less deprovisioning and the claim and
-boot (Metal3's and the machine's: a container here, Ironic's provisioning on real hardware).
+booted, its Node registered). Printed per move, each figure measured, none derived from others: the run's wall
+time; move.yml's own timestamps - planning, the source letting go, deprovisioning (Ironic's cleaning, held
+--deprovision-seconds by the host agent), claim and boot (Metal3's and the machine's: a container here, Ironic's
+provisioning on real hardware); and, towards Slurm, what the benchmark sees on the controller every 0.2 s: when
+the node first registered with Slurm and when the waiting job was RUNNING (both from move.yml's start), and the
+time between the two (the controller scheduling the job once the node is there).
 
     python3 bench/move.py [--rounds 3] [--deprovision-seconds 5] [--join-at-boot] [--keep]
 
@@ -44,7 +46,7 @@ def env(deprovision):
                 LAB_API_PORT="16484", LAB_STATE=".lab/mvbench",
                 LAB_FLAVOUR="prebaked", LAB_CONTROLLERS="1", LAB_COMPUTE="0", LAB_GPU="0", LAB_DIRECTORY="0",
                 LAB_BARE_METAL="1", LAB_BARE_METAL_GPU="1", LAB_KUBERNETES_GPU="1",
-                LAB_DEPROVISION_SECONDS=str(deprovision),
+                LAB_DEPROVISION_SECONDS=str(deprovision), LAB_JOIN_AT_BOOT="0",
                 CONTAINERS_CONF=os.path.join(REPO, "lab", "containers.conf"),
                 ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
 
@@ -56,10 +58,13 @@ def run(environ, *cmd):
     return proc.stdout
 
 
-def job_state(environ, job):
-    out = subprocess.run(["podman", "exec", NAME + "-ctl-01", "squeue", "-h", "-j", job, "-o", "%T"], env=environ,
-                         capture_output=True, text=True, check=False).stdout.strip()
-    return out or "DONE"
+def seen(environ, job):
+    """(the job's state, whether the pool's host is a Slurm node), in one exec on the controller."""
+    out = subprocess.run(["podman", "exec", NAME + "-ctl-01", "bash", "-c",
+                          "squeue -h -j %s -o %%T; echo; sinfo -h -N -o %%N -n %s-bm-01" % (job, NAME)], env=environ,
+                         capture_output=True, text=True, check=False).stdout
+    state, nodes = (out.split("\n\n", 1) + [""])[:2]
+    return state.strip() or "DONE", bool(nodes.strip())
 
 
 def move(environ, source, target, to_slurm):
@@ -74,10 +79,16 @@ def move(environ, source, target, to_slurm):
                              "playbooks/move.yml", "-e",
                              json.dumps({"converged_move": {"from": source, "to": target, "count": 1}})],
                             cwd=REPO, env=environ, stdout=log, stderr=subprocess.STDOUT)
-    running = None
+    running = registered = None
     while proc.poll() is None or (job and running is None and time.monotonic() - t0 < 600):
-        if job and running is None and job_state(environ, job) in ("RUNNING", "COMPLETING", "DONE"):
-            running = time.monotonic() - t0
+        if job and running is None:
+            state, node = seen(environ, job)
+            now = time.monotonic() - t0
+            if node and registered is None:
+                registered = now
+            if state in ("RUNNING", "COMPLETING", "DONE"):
+                running = now
+                registered = now if registered is None else registered  # (it ran there: it was registered)
         time.sleep(0.2)
     wall = time.monotonic() - t0
     log.close()
@@ -86,10 +97,9 @@ def move(environ, source, target, to_slurm):
     if proc.returncode != 0 or not found:
         sys.exit("move.yml failed or said no 'moved ...' line:\n" + out[-3000:])
     total, planned, let_go, deprovisioning, booted = (float(found.group(i)) for i in range(4, 9))
-    end = running if running is not None else wall
     return {"direction": "%s -> %s" % (source, target), "wall": wall, "running": running, "move": total,
             "planned": planned, "let_go": let_go, "deprovisioning": deprovisioning, "booted": booted,
-            "join": wall - total, "ours": end - deprovisioning - booted}
+            "registered": registered, "to_run": running - registered if running is not None else None}
 
 
 def join_at_boot(environ):
@@ -130,15 +140,19 @@ def bench(args, management):
     return rows
 
 
+def figure(value):
+    return "%.1f" % value if value is not None else "-"
+
+
 def report(management, rows):
     slurm, kube = NAME + "-gpu", NAME + "-k8s-gpu"
-    head = ("direction (%s)" % management, "wall", "job RUN", "planned", "let go", "deprov", "claim+boot", "join",
-            "ours")
-    print("%-34s %6s %8s %8s %7s %7s %10s %6s %6s" % head)
+    head = ("direction (%s)" % management, "wall", "job RUN", "planned", "let go", "deprov", "claim+boot",
+            "node reg", "reg->RUN")
+    print("%-34s %6s %8s %8s %7s %7s %10s %8s %8s" % head)
     for r in rows:
-        print("%-34s %6.1f %8s %8.1f %7.1f %7.1f %10.1f %6.1f %6.1f" % (
-            r["direction"] + (" (at boot)" if r.get("variant") else ""), r["wall"], "%.1f" % r["running"] if r["running"] is not None else "-", r["planned"],
-            r["let_go"], r["deprovisioning"], r["booted"], r["join"], r["ours"]))
+        print("%-34s %6.1f %8s %8.1f %7.1f %7.1f %10.1f %8s %8s" % (
+            r["direction"] + (" (at boot)" if r.get("variant") else ""), r["wall"], figure(r["running"]), r["planned"],
+            r["let_go"], r["deprovisioning"], r["booted"], figure(r["registered"]), figure(r["to_run"])))
     for variant in ("scale_up.yml", "join at boot"):
         for direction in (kube + " -> " + slurm, slurm + " -> " + kube):
             mine = [r for r in rows if r["direction"] == direction and r.get("variant", "scale_up.yml") == variant]
@@ -147,13 +161,15 @@ def report(management, rows):
 
 
 def summary(management, direction, mine):
-    print("%s median %s: wall %.1f s%s; the collection's part (to the end%s, less deprovisioning and the "
-          "claim and boot) %.1f s" % (
-              management, direction, statistics.median(r["wall"] for r in mine),
-              ", the waiting GPU job RUNNING at %.1f s" % statistics.median(r["running"] for r in mine)
-              if mine[0]["running"] is not None else "",
-              " or the job RUNNING" if mine[0]["running"] is not None else "",
-              statistics.median(r["ours"] for r in mine)))
+    """Medians of what was measured: move.yml's own steps, and towards Slurm the node's registration and the job."""
+    def median(key):
+        return statistics.median(r[key] for r in mine)
+    towards_slurm = all(r["running"] is not None for r in mine)
+    print("%s median %s: wall %.1f s; planned %.1f s, the source let go %.1f s, deprovisioning %.1f s, claimed and "
+          "booted %.1f s%s" % (
+              management, direction, median("wall"), median("planned"), median("let_go"), median("deprovisioning"),
+              median("booted"), "; the node registered at %.1f s, the waiting GPU job RUNNING at %.1f s (%.1f s after "
+              "the registration)" % (median("registered"), median("running"), median("to_run")) if towards_slurm else ""))
 
 
 def main():

@@ -47,6 +47,8 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.parse
+import urllib.request
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -165,6 +167,7 @@ class Agent:
         self.busy = set()
         self.released = {}  # host -> when its machine was removed
         self.retry = {}  # host -> (when a failed boot may be tried again, the wait before that)
+        self.moving = []  # the hosts the last look found in a state the operator moves on from
         self.lock = threading.Lock()
         self.unreachable_since = None
         self.nudged = {}  # host -> when it was last nudged (monotonic)
@@ -321,6 +324,8 @@ class Agent:
             return seen["states"].get(name)
         deprovisioning = [h["metadata"]["name"] for h in hosts
                           if ((h.get("status") or {}).get("provisioning") or {}).get("state") == "deprovisioning"]
+        self.moving = [h["metadata"]["name"] for h in hosts
+                       if ((h.get("status") or {}).get("provisioning") or {}).get("state") in MOVING_STATES]
         for host in hosts:
             name, spec = host["metadata"]["name"], host.get("spec") or {}
             state = ((host.get("status") or {}).get("provisioning") or {}).get("state")
@@ -360,10 +365,20 @@ class Agent:
         for kubelet in self.kubelets.values():
             kubelet.tick()
 
-    def run(self, stopped, interval=1.0):
+    def active(self):
+        """Whether something is under way that a look every second serves: a machine booting or going, a host
+        held or retried, a host in a state the operator moves on from (the last look's)."""
+        with self.lock:
+            return bool(self.busy or self.released or self.retry or self.moving)
+
+    def run(self, stopped, interval=1.0, idle=3.0):
+        """A look at every host after each change a watch reports, every interval seconds while something is
+        under way, and every idle seconds else (a resync: the watch may miss nothing, but costs nothing either)."""
         say("watching BareMetalHosts in %s (machines boot %ss after provisioning starts, hosts claimable %ss "
             "after their machine is removed)"
             % (self.ns, self.hold["provisioning"], self.hold["deprovisioning"]))
+        changes = Changes(self.api, self.ns)
+        changes.start()
         while not stopped:
             try:
                 self.tick()
@@ -376,7 +391,34 @@ class Agent:
                     say("the management cluster does not answer (%s): retrying" % exc)
             except Exception:  # pylint: disable=broad-except
                 say("ERROR (the agent goes on):\n" + traceback.format_exc())
-            time.sleep(interval)
+            changes.changed.wait(interval if self.active() or self.unreachable_since is not None else idle)
+            changes.changed.clear()
+
+
+class Changes(threading.Thread):
+    """Wakes the agent when a BareMetalHost changes: a list for the resourceVersion, then a watch from it (etcd
+    3.4 refuses a watch without one), asked again each time it ends. An idle lab's agent then looks every few
+    seconds instead of every second, and at once when the operator or CAPM3 changes a host."""
+
+    def __init__(self, api, namespace):
+        super().__init__(daemon=True)
+        self.api, self.ns, self.changed = api, namespace, threading.Event()
+
+    def run(self):
+        path = self.api.path(BMH, "baremetalhosts", self.ns)
+        while True:
+            try:
+                version = self.api.ok("GET", path, query={"limit": "1"})["metadata"]["resourceVersion"]
+                query = urllib.parse.urlencode({"watch": "1", "resourceVersion": version, "timeoutSeconds": "60"})
+                headers = {"Authorization": "Bearer " + self.api.token} if self.api.token else {}
+                req = urllib.request.Request(self.api.url + path + "?" + query, headers=headers)
+                with urllib.request.urlopen(req, context=self.api.context, timeout=90) as resp:
+                    for line in resp:
+                        if line.strip():
+                            self.changed.set()
+            except Exception:  # pylint: disable=broad-except
+                time.sleep(2)  # the server away: the agent's own looks go on meanwhile
+            self.changed.set()  # a watch ended: one look, in case it missed what happened in between
 
 
 def main(argv=None):

@@ -23,8 +23,37 @@ set -euo pipefail
 LAB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(dirname "$LAB_DIR")"
 cd "$REPO_DIR"
+# A lab remembers the settings it was made with: `up` writes them to $LAB_STATE/settings, and every later
+# command on that state (lab-scale, lab-move, lab-status, events, down...) takes them, so a lab made with
+# LAB_NAME=alab LAB_SUBNET_PREFIX=10.89.60 is scaled and taken down by the plain commands. A setting given
+# again wins, and is said when it differs from the lab's. `down` forgets them.
+SETTINGS_FILE="$REPO_DIR/${LAB_STATE:-.lab}/settings"
+if [[ -f "$SETTINGS_FILE" ]]; then
+  while IFS= read -r line; do
+    key=${line%%=*}; value=${line#*=}
+    [[ "$key" =~ ^LAB_[A-Z0-9_]+$ && "$key" != LAB_STATE ]] || continue
+    if [[ -z "${!key+set}" ]]; then
+      export "$key=$value"
+    elif [[ "${!key}" != "$value" ]]; then
+      printf '[lab] %s=%s given; this lab was made with %s=%s (%s): using %s\n' "$key" "${!key}" "$key" "$value" \
+        "${SETTINGS_FILE#"$REPO_DIR"/}" "${!key}" >&2
+    fi
+  done <"$SETTINGS_FILE"
+fi
 # shellcheck source=lab/lab.conf
 source "$LAB_DIR/lab.conf"
+# the settings lab.conf defines, as this command has them
+remember_settings() {
+  mkdir -p "$(dirname "$SETTINGS_FILE")"
+  local key
+  # lab.conf's, and those lab.sh defaults itself
+  for key in $(grep -oE '^LAB_[A-Z0-9_]+' "$LAB_DIR/lab.conf" | sort -u) LAB_EVENTS_RULEBOOK LAB_AUTOSCALE_INTERVAL \
+      LAB_EVENT_WINDOW; do
+    [[ "$key" == LAB_STATE || -z "${!key+set}" ]] || printf '%s=%s\n' "$key" "${!key}"
+  done >"$SETTINGS_FILE.tmp"
+  printf 'LAB_API_PORT=%s\n' "$API_PORT" >>"$SETTINGS_FILE.tmp"
+  mv "$SETTINGS_FILE.tmp" "$SETTINGS_FILE"
+}
 export CONTAINERS_CONF="$LAB_DIR/containers.conf"
 # the real servers (make kube-assets links them there), as make exports it
 export KUBEBUILDER_ASSETS="${KUBEBUILDER_ASSETS:-$REPO_DIR/.lab/kube-assets}"
@@ -480,6 +509,7 @@ raise_host_limits() {
 
 cmd_up() {
   validate_conf
+  remember_settings
   cmd_deps
   raise_host_limits
   cmd_image "$LAB_FLAVOUR"
@@ -583,6 +613,11 @@ EOF
   if (( LAB_BARE_METAL_GPU > 0 )); then
     # the pool's GPU hosts, by the names they register with: their gres.conf lines ahead (lab/group_vars.yml)
     printf 'lab_gpu_pool_hosts: "%s-bm-[01-%02d]"\n' "$LAB_NAME" "$LAB_BARE_METAL_GPU" >>"$STATE/group_vars/all/lab.yml"
+    if [[ "$LAB_JOIN_AT_BOOT" == 1 ]]; then
+      # the Slurm gpu MachineDeployment joins at boot (lab/lab.sh converge names the Secret in its template)
+      printf '%s\n' "# Written by lab/lab.sh (LAB_JOIN_AT_BOOT=1): the pool's Slurm GPU Machines join at boot." \
+        "converged_join_at_boot: [$LAB_NAME-gpu]" >"$STATE/group_vars/all/join-at-boot.yml"
+    fi
   fi
   if (( LAB_KUBERNETES_GPU > 0 )); then
     local workload_kubeconfig="$dir/workload/kubeconfig"
@@ -862,11 +897,30 @@ cmd_converge() {
   grep -A6 '^PLAY RECAP' "$STATE/logs/site.log" | grep ' : ok=' | sed 's/^/    /' 
   local converge; converge=$(elapsed "$t0")
   say "site.yml converged $(wc -l <"$STATE/machines.tsv") machines ($LAB_FLAVOUR image) in $converge s"
+  if (( LAB_BARE_METAL_GPU > 0 )) && [[ "$LAB_JOIN_AT_BOOT" == 1 ]]; then
+    pool_join_at_boot
+  fi
   say "validating: playbooks/validate.yml"
   ansible-playbook -i "$inv" "$REPO_DIR/playbooks/validate.yml" >"$STATE/logs/validate.log" 2>&1 \
     || die_with_log "validate.yml" "$STATE/logs/validate.log"
   sed -n '/TASK \[Report\]/,/^$/p' "$STATE/logs/validate.log" | grep '^ *"' | sed 's/^ */  /'
   say "main job done: converge $converge s ($LAB_FLAVOUR), validated"
+}
+
+# LAB_JOIN_AT_BOOT=1 with a GPU pool: join_at_boot.yml writes the Slurm gpu MachineDeployment's bootstrap data
+# (site.yml kept it current already), and its template names that Secret, as a site makes the change
+pool_join_at_boot() {
+  local inv="$STATE/capi.capi_machines.yml" md="$LAB_NAME-gpu"
+  say "the pool's Slurm GPU Machines join at boot: join_at_boot.yml, then $md's template names Secret $md-join"
+  ansible-playbook -i "$inv" "$REPO_DIR/playbooks/join_at_boot.yml" >"$STATE/logs/join_at_boot.log" 2>&1 \
+    || die_with_log "join_at_boot.yml" "$STATE/logs/join_at_boot.log"
+  python3 - "$STATE/capi/kubeconfig" "$md" <<'PY' || die "naming the join-at-boot Secret in $md's template failed"
+import sys
+from kubernetes import client, config
+api = client.CustomObjectsApi(config.new_client_from_config(sys.argv[1]))
+api.patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machinedeployments", sys.argv[2], {
+    "spec": {"template": {"spec": {"bootstrap": {"dataSecretName": sys.argv[2] + "-join"}}}}})
+PY
 }
 
 cmd_ping() {
@@ -915,7 +969,7 @@ cmd_down() {
     if [[ -L "$log" && -e "$log" ]]; then cp --remove-destination "$(readlink -f "$log")" "$log"; fi
   done
   rm -rf "$STATE/hosts.yml" "$STATE/machines.tsv" "$STATE/capi.capi_machines.yml" "$STATE/group_vars" \
-    "$STATE/capi" "$STATE/directory" "$STATE"/.next-*
+    "$STATE/capi" "$STATE/directory" "$STATE"/.next-* "$SETTINGS_FILE"
   say "lab $LAB_NAME is down (images and the SSH key are kept; 'lab/lab.sh purge' removes them)"
 }
 

@@ -115,12 +115,23 @@ def hostname(machine):
                  if a["type"] == "Hostname"), machine["metadata"]["name"])
 
 
+def remembered(state):
+    """The settings lab/lab.sh up recorded for the lab of state ($LAB_STATE/settings), {} when none."""
+    try:
+        with open(os.path.join(state, "settings")) as handle:
+            return dict(line.rstrip("\n").split("=", 1) for line in handle if "=" in line)
+    except OSError:
+        return {}
+
+
 def main():
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("replicas", type=int)
-    ap.add_argument("--state", default=os.path.join(repo, os.environ.get("LAB_STATE", ".lab")))
-    ap.add_argument("--cluster", default=os.environ.get("LAB_NAME", "clab"))
+    state = os.path.join(repo, os.environ.get("LAB_STATE", ".lab"))
+    ap.add_argument("--state", default=state)
+    # the lab's name as it was made (lab/lab.sh up writes its settings to the state), unless LAB_NAME says
+    ap.add_argument("--cluster", default=os.environ.get("LAB_NAME") or remembered(state).get("LAB_NAME", "clab"))
     ap.add_argument("--node-type", default="compute", help="the node type whose MachineDeployment to scale")
     ap.add_argument("--no-playbook", action="store_true", help="only scale; do not run the playbook")
     ap.add_argument("--wait-idle", action="store_true",

@@ -27,7 +27,7 @@ from labkit import REPO, Lab, has_podman, wait_for
 
 LAB = Lab("plab", "10.89.83", 16483, ".lab/e2e-converged", LAB_COMPUTE="0", LAB_DIRECTORY="0", LAB_GPU="0",
           LAB_BARE_METAL="1", LAB_BARE_METAL_GPU="1", LAB_KUBERNETES_GPU="1", LAB_DEPROVISION_SECONDS="3",
-          LAB_LEAST_PRIVILEGE="1")
+          LAB_LEAST_PRIVILEGE="1", LAB_JOIN_AT_BOOT="0")
 STATE = LAB.state
 on = LAB.on
 CTL = "plab-ctl-01"
