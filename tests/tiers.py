@@ -113,18 +113,27 @@ class Sampler(threading.Thread):
         return sum(busy for busy, _load in picked) / len(picked), max(load for _busy, load in picked)
 
 
+SAY = threading.Lock()
+
+
+def say(text):
+    """One line of the tier's progress (the streams print from threads of their own: a line each, whole)."""
+    with SAY:
+        print(text, flush=True)
+
+
 def run_stream(names, results, tier):
     for name in names:
         cmd = SUITES[name][0]
         log = os.path.join(LOGS, "suite-%s.log" % name)
         start = time.time()
-        print("[%s] %s: started (%s, log %s)" % (tier, name, " ".join(cmd), os.path.relpath(log, REPO)), flush=True)
+        say("[%s] %s: started (%s, log %s)" % (tier, name, " ".join(cmd), os.path.relpath(log, REPO)))
         with open(log, "w") as out:
             rc = subprocess.call(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         end = time.time()
         results[name] = (rc, start, end)
         verdict = "passed" if rc == 0 else "FAILED (exit %d)" % rc
-        print("[%s] %s: %s after %.1f min" % (tier, name, verdict, (end - start) / 60), flush=True)
+        say("[%s] %s: %s after %.1f min" % (tier, name, verdict, (end - start) / 60))
 
 
 def closing_line(name):
