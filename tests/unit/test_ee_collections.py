@@ -23,6 +23,9 @@ WHOLE = re.compile(r"^(?:group/)?(%s)$" % FQCN)
 BUILT_IN = {"ansible.builtin", "ansible.legacy", "converged.hpc"}
 # used only by awx_configure.yml, run from a workstation to configure AWX: in the EE, not a dependency
 ADMIN_ONLY = {"awx.awx"}
+# used only where the control node has it, chosen at run time (converged.hpc.first_module) over the dependency
+# beside it: in the EE, not a dependency ({optional: its fallback})
+OPTIONAL = {"ansible.mariadb": "community.mysql"}
 
 
 class _Loader(yaml.SafeLoader):
@@ -109,6 +112,7 @@ def test_the_scan_finds_what_is_there():
     found = used()
     # one of each way in: a task key, a module_defaults group, a role, a lookup, a filter, a rulebook source
     assert "community.mysql.mysql_db" in found and "kubernetes.core.k8s_info" in found
+    assert "ansible.mariadb.mariadb_db" in found
     assert "converged.hpc.slurm_compute" in found and "converged.hpc.capi_machines" in found
     assert any(name.startswith("ansible.utils.") for name in found)
 
@@ -122,13 +126,17 @@ def test_every_collection_a_job_uses_is_a_dependency_of_the_collection():
     with open(os.path.join(REPO, "galaxy.yml")) as fh:
         depends = set(yaml.safe_load(fh)["dependencies"])
     missing = {name: sorted(where) for name, where in collections(used()).items()
-               if name not in depends and name not in ADMIN_ONLY}
+               if name not in depends and name not in ADMIN_ONLY and name not in OPTIONAL}
     assert not missing, "galaxy.yml does not depend on collections the content uses: %s" % missing
+    assert set(OPTIONAL.values()) <= depends
+    for name, fallback in OPTIONAL.items():  # every file using the optional one has a twin using its fallback
+        twins = {where.replace("_mariadb.yml", "_mysql.yml") for where in collections(used()).get(name, ())}
+        assert twins and twins <= collections(used())[fallback], (name, twins)
     admin_only = {name: where for name, where in collections(used()).items() if name in ADMIN_ONLY}
     assert all(where == {os.path.join("playbooks", "awx_configure.yml")} for where in admin_only.values()), admin_only
 
 
-@pytest.mark.parametrize("name", ["community.mysql", "kubernetes.core"])
+@pytest.mark.parametrize("name", ["community.mysql", "ansible.mariadb", "kubernetes.core"])
 def test_a_collection_taken_out_of_the_ee_is_named_with_its_users(tmp_path, name):
     with open(EE) as fh:
         ee = yaml.safe_load(fh)
@@ -139,4 +147,6 @@ def test_a_collection_taken_out_of_the_ee_is_named_with_its_users(tmp_path, name
     missing = missing_from_ee(str(fake))
     assert list(missing) == [name] and missing[name]
     if name == "community.mysql":
-        assert missing[name] == ["roles/mariadb/tasks/main.yml", "roles/slurmdbd/tasks/backup.yml"]
+        assert missing[name] == ["roles/mariadb/tasks/databases_mysql.yml", "roles/slurmdbd/tasks/dump_mysql.yml"]
+    if name == "ansible.mariadb":
+        assert missing[name] == ["roles/mariadb/tasks/databases_mariadb.yml", "roles/slurmdbd/tasks/dump_mariadb.yml"]
