@@ -42,12 +42,17 @@ def machines(co, md, plural="machinedeployments"):
     return {m["metadata"]["name"]: m for m in items}
 
 
-def wait(t0, what, cond, timeout, poll=0.3, explain=None):
+def wait(t0, what, cond, timeout, poll=0.3, explain=None, every=30):
+    """Polls cond until it returns something; says what it still waits for every `every` seconds."""
     end = time.time() + timeout
+    said = time.time()
     while time.time() < end:
         value = cond()
         if value:
             return value
+        if explain and time.time() - said >= every:
+            log(t0, "still waiting for %s: %s" % (what, explain()))
+            said = time.time()
         time.sleep(poll)
     log(t0, "gave up waiting for %s%s" % (what, ": " + explain() if explain else ""))
     sys.exit(1)
@@ -74,6 +79,14 @@ def machine_state(co, machine):
              if c.get("status") != "True" and c["type"] not in (
                  "Ready", "Available", "NodeHealthy", "NodeReady", "Updating", "Paused", "Deleting")]
     return " ".join(said)
+
+
+def free_hosts(co):
+    """The BareMetalHosts no Machine holds, ready to be claimed (a Metal3MachineTemplate's hostSelector may
+    still pass some over)."""
+    hosts = co.list_namespaced_custom_object("metal3.io", "v1alpha1", NS, "baremetalhosts")["items"]
+    return sorted(h["metadata"]["name"] for h in hosts if not (h.get("spec") or {}).get("consumerRef")
+                  and ((h.get("status") or {}).get("provisioning") or {}).get("state") in ("available", "ready"))
 
 
 def playbook(repo, state, name, extra_vars=()):
@@ -155,6 +168,12 @@ def main():
     co.patch_namespaced_custom_object_scale(G, V, NS, plural, md,
                                             {"spec": {"replicas": args.replicas}})
     if args.replicas > len(live):
+        free = free_hosts(co)
+        if len(free) < args.replicas - len(live):
+            log(t0, "only %d BareMetalHost(s) free (%s) for %d new Machine(s): the rest wait until a host is "
+                "freed (a lab has more with LAB_COMPUTE_HOSTS=N or LAB_SPARE_HOSTS=N, a pool lab with LAB_BARE_METAL=N)" % (
+                    len(free), ", ".join(free) or "none", args.replicas - len(live)))
+
         def new_machines():
             return {n: m for n, m in machines(co, md, plural).items()
                     if n not in before and not m["metadata"].get("deletionTimestamp")}
