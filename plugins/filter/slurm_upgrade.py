@@ -17,8 +17,8 @@ description:
     the hosts, the two releases and the ways out. A converge starts (or restarts) each daemon on the version
     installed on its host; it must never start one that cannot take over what runs now.
   - The cluster's Slurm now is the release of every daemon that runs, and of the controllers' saved state.
-    A release takes over the state and the RPCs of the two releases before it, of the three from 24.05 (24.11
-    from 23.02, 23.11 and 24.05); a daemon whose installed release is further ahead of any of those is
+    A release takes over the state and the RPCs of the two releases before it, of the three from 24.11 (24.11
+    from 23.02, 23.11 and 24.05; 26.05 from 24.11, 25.05 and 25.11); a daemon whose installed release is further ahead of any of those is
     refused (22.05 to 24.11 in place loses the queued jobs and the saved state). The ways out - step through
     supported releases, or drain the queue and set O(allow_state_loss).
   - The order of an upgrade - slurmdbd first, then slurmctld, then slurmd and the client commands. A slurmctld

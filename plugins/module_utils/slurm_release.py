@@ -4,8 +4,9 @@
 """Slurm releases and what each can take over from: pure functions, no I/O.
 
 A release is "YY.MM" (the first two numbers of a version, "24.11" of "24.11.5"). SchedMD's rule (each
-release's RELEASE_NOTES): a release reads the saved state and the RPCs of the two releases before it,
-and from 24.05 the three before it; anything older is lost (queued jobs, saved state) or refused (a
+release's RELEASE_NOTES and the upgrade guide's compatibility window): a release reads the saved state and
+the RPCs of the two releases before it, and from 24.11 the three before it (24.05 still two: 23.11 and
+23.02; 24.11 takes 24.05, 23.11 and 23.02; 26.05 takes 25.11, 25.05 and 24.11); anything older is lost (queued jobs, saved state) or refused (a
 slurmd too old to talk to). slurmdbd is upgraded first, then slurmctld, then slurmd and the clients:
 never a daemon newer than the one it reports to.
 """
@@ -16,9 +17,9 @@ __metaclass__ = type
 
 import re
 
-# every release, in order (20.02 to 23.02 three a year; from 23.11 two: .05 and .11)
+# every release, in order (from 20.02 to 23.02 about every nine months; from 23.11 two a year: .05 and .11)
 RELEASES = ["17.11", "18.08", "19.05", "20.02", "20.11", "21.08", "22.05", "23.02", "23.11", "24.05",
-            "24.11", "25.05", "25.11"]
+            "24.11", "25.05", "25.11", "26.05"]
 
 
 def release_of(version):
@@ -41,7 +42,7 @@ def ordinal(release):
 
 def window(release):
     """How many releases before it a release takes over from (state and RPCs)."""
-    return 3 if ordinal(release) >= ordinal("24.05") else 2
+    return 3 if ordinal(release) >= ordinal("24.11") else 2
 
 
 def oldest_supported(release):

@@ -91,7 +91,7 @@ STATE_FILES = ("job_state", "node_state", "part_state", "resv_state", "trigger_s
 # SLURM_<release>_PROTOCOL_VERSION, (number << 8) | 0; the REST API of the release has the same number)
 PROTOCOLS = {number << 8: release for number, release in (
     (36, "20.11"), (37, "21.08"), (38, "22.05"), (39, "23.02"), (40, "23.11"), (41, "24.05"), (42, "24.11"),
-    (43, "25.05"), (44, "25.11"))}
+    (43, "25.05"), (44, "25.11"), (45, "26.05"))}
 
 
 def version_of(path):

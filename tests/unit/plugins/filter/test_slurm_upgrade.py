@@ -37,10 +37,16 @@ def test_the_release_rules():
     assert rel.release_of("") is None and rel.release_of(None) is None
     assert rel.takes_over("24.11", "23.02") and rel.takes_over("24.11", "24.05") and rel.takes_over("24.11", "24.11")
     assert not rel.takes_over("24.11", "22.05") and not rel.takes_over("23.11", "21.08")
-    assert rel.takes_over("24.05", "22.05") and rel.takes_over("23.11", "22.05")  # three from 24.05, two before
+    # two before 24.11 (24.05 takes 23.11 and 23.02, not 22.05), three from it (the upgrade guide's table)
+    assert not rel.takes_over("24.05", "22.05") and rel.takes_over("24.05", "23.02")
+    assert rel.takes_over("23.11", "22.05") and not rel.takes_over("23.11", "21.08")
     assert rel.oldest_supported("24.11") == "23.02" and rel.oldest_supported("23.11") == "22.05"
-    assert rel.steps("22.05", "24.11") == ["24.05"] and rel.steps("23.11", "24.11") == []
-    assert rel.steps("20.11", "25.11") == ["22.05", "24.05"]
+    assert rel.oldest_supported("24.05") == "23.02" and rel.oldest_supported("26.05") == "24.11"
+    assert [r for r in rel.RELEASES if rel.takes_over("26.05", r) and r != "26.05"] == ["24.11", "25.05", "25.11"]
+    assert rel.takes_over("26.05", "24.11") and not rel.takes_over("26.05", "24.05")
+    assert not rel.takes_over("26.05", "22.05") and rel.steps("22.05", "26.05") == ["23.11", "25.05"]
+    assert rel.steps("22.05", "24.11") == ["23.11"] and rel.steps("23.11", "24.11") == []
+    assert rel.steps("24.11", "26.05") == [] and rel.steps("20.11", "25.11") == ["22.05", "23.11", "25.05"]
     # releases after the table follow its pattern (May, November)
     assert rel.ordinal("26.05") == rel.ordinal("25.11") + 1 and rel.ordinal("26.11") == rel.ordinal("25.11") + 2
     assert rel.takes_over("26.11", "25.05") and not rel.takes_over("27.05", "25.05")
@@ -64,7 +70,7 @@ def test_2205_to_2411_in_place_is_refused_naming_both_releases_and_the_ways_out(
     message = takeover[0]
     assert "the Slurm 22.05 that runs now (cn-01 (slurmd 22.05), cn-02 (slurmd 22.05))" in message
     assert "reads state and RPCs from 23.02 and later only" in message and "1 job step(s) running" in message
-    assert "22.05 -> 24.05 -> 24.11" in message and "converged_slurm_allow_state_loss=true" in message
+    assert "22.05 -> 23.11 -> 24.11" in message and "converged_slurm_allow_state_loss=true" in message
     assert any("slurmd 22.05 on cn-01 is too old for the controllers' slurmctld 24.11" in e for e in errors)
     # the state the old controller saved, with nothing running any more
     alone = [controller("ctl", "24.11.5", state="22.05"), compute("cn-01", "24.11.5")]
