@@ -7,6 +7,7 @@ gathering. Three hosts on this machine (local connection), each with an interpre
 each host's facts name something only it has."""
 
 import os
+import re
 import subprocess
 
 import pytest
@@ -50,11 +51,15 @@ def core_env(core):
     return env
 
 
-def play(tmp_path, core, text):
+def play(tmp_path, core, text, clusters=None, extra=()):
+    """Runs text over three hosts (h1 controller, h2 and h3 compute) of a static inventory, or with clusters
+    ({host: (cluster, node type)}) over those hosts as the Cluster API inventory describes them."""
     env = core_env(core)
     python = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"], env=env, capture_output=True,
                             text=True, check=True).stdout.strip()
     lines = {"controller": ["h1"], "compute": ["h2", "h3"]}
+    if clusters:
+        lines = {"all": sorted(clusters)}
     inventory = []
     for group, hosts in lines.items():
         inventory.append("[%s]" % group)
@@ -62,11 +67,14 @@ def play(tmp_path, core, text):
             link = tmp_path / ("python-" + host)
             if not link.exists():
                 os.symlink(python, link)
-            inventory.append("%s ansible_connection=local ansible_python_interpreter=%s" % (host, link))
+            capi = ""
+            if clusters:
+                capi = " capi=\"{'cluster': '%s', 'node_type': '%s', 'name': '%s'}\"" % (clusters[host] + (host,))
+            inventory.append("%s ansible_connection=local ansible_python_interpreter=%s%s" % (host, link, capi))
     (tmp_path / "inventory.ini").write_text("\n".join(inventory) + "\n")
     (tmp_path / "play.yml").write_text(text % {"repo": REPO})
-    proc = subprocess.run(["ansible-playbook", "-i", str(tmp_path / "inventory.ini"), str(tmp_path / "play.yml")],
-                          cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.run(["ansible-playbook", "-i", str(tmp_path / "inventory.ini"), str(tmp_path / "play.yml")]
+                          + list(extra), cwd=REPO, env=env, capture_output=True, text=True, check=False)
     version = subprocess.run(["ansible", "--version"], env=env, capture_output=True, text=True,
                              check=False).stdout.splitlines()[0]
     return proc, version, tmp_path
@@ -99,3 +107,20 @@ def test_the_check_passes_where_the_core_keeps_facts_apart(tmp_path):
     proc, version, where = play(tmp_path, "test bed", RUN_ONCE_FIRST)
     assert proc.returncode == 0, version + "\n" + proc.stdout[-3000:]
     assert facts_seen(proc.stdout) == ["%s %s/python-%s" % (h, where, h) for h in ("h1", "h2", "h3")]
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_another_clusters_hosts_get_no_task(tmp_path, core):
+    # two clusters in one inventory, the run converging one (converged_cluster=b): the other's hosts get no
+    # task of the contract play (tests/e2e/test_two_clusters.py's promise), and b's hosts their own facts
+    clusters = {"a1": ("a", "controller"), "a2": ("a", "compute"), "h1": ("b", "controller"),
+                "h2": ("b", "compute"), "h3": ("b", "compute")}
+    text = WITH_CONTRACT.replace("hosts: all\n  gather_facts: false\n  tasks:\n    - ansible.builtin.setup",
+                                 "hosts: converged_slurm\n  gather_facts: false\n  tasks:\n    - ansible.builtin.setup")
+    assert text != WITH_CONTRACT
+    proc, version, where = play(tmp_path, core, text, clusters, ["-e", "converged_cluster=b"])
+    assert proc.returncode == 0, version + "\n" + proc.stdout[-3000:] + proc.stderr[-2000:]
+    for host in ("a1", "a2"):
+        assert not re.search(r"^(ok|changed|fatal): \[%s\]" % host, proc.stdout, re.M), proc.stdout[-3000:]
+    assert facts_seen(proc.stdout) == ["%s %s/python-%s" % (h, where, h) for h in ("h1", "h2", "h3")], \
+        version + "\n" + proc.stdout[-3000:]
