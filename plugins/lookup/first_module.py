@@ -75,10 +75,10 @@ class LookupModule(LookupBase):
     """Returns the first installed module of the terms."""
 
     def run(self, terms, variables=None, **kwargs):
-        self.set_options(var_options=variables, direct=kwargs)
         names = [str(term) for term in terms]
         bad = [name for name in names if name.count(".") != 2]
         if not names or bad:
             raise AnsibleLookupError("first_module takes module names as namespace.collection.module; got %s"
                                      % (", ".join(repr(n) for n in bad) if bad else "none"))
+        self.set_options(var_options=variables, direct=kwargs)
         return [first(names, self.get_option("follow_redirects"))]
