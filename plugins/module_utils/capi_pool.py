@@ -15,13 +15,15 @@ __metaclass__ = type
 from ansible_collections.converged.hpc.plugins.module_utils.capi_client import CapiApiError
 from ansible_collections.converged.hpc.plugins.module_utils.capi_task import api_task, with_auth
 
-KINDS = ("deployments", "templates", "hosts", "machines")
+KINDS = ("deployments", "templates", "hosts", "machines", "machinesets")
 PLURALS = {"deployments": "machinedeployments", "templates": "metal3machinetemplates", "hosts": "baremetalhosts",
-           "machines": "machines"}
+           "machines": "machines", "machinesets": "machinesets"}
+# what is listed when kinds is not given (machinesets only when asked: rollout.yml)
+DEFAULT_KINDS = ("deployments", "templates", "hosts", "machines")
 
 POOL_INFO_ARGUMENT_SPEC = with_auth(dict(
     namespace=dict(type="str", required=True),
-    kinds=dict(type="list", elements="str", choices=list(KINDS), default=list(KINDS)),
+    kinds=dict(type="list", elements="str", choices=list(KINDS), default=list(DEFAULT_KINDS)),
     api_version=dict(type="str", default="cluster.x-k8s.io/v1beta2"),
     metal3_api_version=dict(type="str", default="infrastructure.cluster.x-k8s.io/v1beta2"),
     machine_selector=dict(type="str"),
@@ -41,6 +43,7 @@ def pool_info_task(params, check_mode):
     try:
         apis = {"deployments": _group_version(params["api_version"], "api_version"),
                 "machines": _group_version(params["api_version"], "api_version"),
+                "machinesets": _group_version(params["api_version"], "api_version"),
                 "templates": _group_version(params["metal3_api_version"], "metal3_api_version"),
                 "hosts": ("metal3.io", "v1alpha1")}
     except ValueError as exc:
@@ -52,7 +55,7 @@ def pool_info_task(params, check_mode):
         for kind in kinds:
             group, version = apis[kind]
             options = {"namespace": params["namespace"], "managed_fields": False}
-            if kind == "machines" and params.get("machine_selector"):
+            if kind in ("machines", "machinesets") and params.get("machine_selector"):
                 options["label_selector"] = params["machine_selector"]
             lists[kind] = ((group, version, PLURALS[kind]), options)
         found = reader.list_many(lists)

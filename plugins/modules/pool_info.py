@@ -27,7 +27,7 @@ options:
     description: What to list.
     type: list
     elements: str
-    choices: [deployments, templates, hosts, machines]
+    choices: [deployments, templates, hosts, machines, machinesets]
     default: [deployments, templates, hosts, machines]
   api_version:
     description: The Cluster API version (MachineDeployments, Machines).
@@ -38,7 +38,7 @@ options:
     type: str
     default: infrastructure.cluster.x-k8s.io/v1beta2
   machine_selector:
-    description: A label selector for the Machines (e.g. C(cluster.x-k8s.io/deployment-name=hpc-gpu)).
+    description: A label selector for the Machines and MachineSets (e.g. C(cluster.x-k8s.io/deployment-name=hpc-gpu)).
     type: str
 extends_documentation_fragment:
   - kubernetes.core.k8s_auth_options
@@ -48,7 +48,7 @@ attributes:
     description: It only reads.
 notes:
   - RBAC - C(list) on machinedeployments, machines (cluster.x-k8s.io), metal3machinetemplates
-    (infrastructure.cluster.x-k8s.io) and baremetalhosts (metal3.io), those of O(kinds).
+    (infrastructure.cluster.x-k8s.io) and baremetalhosts (metal3.io), and machinesets when asked, those of O(kinds).
 """
 
 EXAMPLES = r"""
@@ -87,6 +87,11 @@ hosts:
   elements: dict
 machines:
   description: The Machines (those O(machine_selector) selects).
+  returned: when asked
+  type: list
+  elements: dict
+machinesets:
+  description: The MachineSets (those O(machine_selector) selects).
   returned: when asked
   type: list
   elements: dict

@@ -32,6 +32,12 @@ options:
     type: list
     elements: str
     default: []
+  running:
+    description:
+      - Also read the running jobs (C(squeue --states=RUNNING,COMPLETING)) into RV(running), each with the
+        nodes it runs on and when its time limit ends - what C(playbooks/rollout.yml) orders old nodes by.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -64,6 +70,13 @@ nodes:
   sample:
     - {"name": "cn-01", "state": "IDLE", "flags": ["DYNAMIC_NORM"], "available": true, "busy": false,
        "features": ["compute"], "partitions": ["compute"], "cpus": 2, "idle_seconds": 75}
+running:
+  description: With O(running), the running and completing jobs (one per array task).
+  returned: when O(running)
+  type: list
+  elements: dict
+  sample:
+    - {"id": "51", "state": "RUNNING", "end": 1764672000.0, "nodes": ["cn-01", "cn-02"]}
 partitions:
   description: The partitions Slurm knows.
   returned: always
@@ -94,6 +107,9 @@ UNAVAILABLE = frozenset(("DRAIN", "DRAINING", "DRAINED", "NOT_RESPONDING", "FAIL
 # %E: the job's remaining dependencies - a job just submitted with one pends for None until
 # the scheduler first looks at it; it must not count as demand meanwhile
 SQUEUE_FORMAT = "%i;%P;%D;%C;%m;%r;%b;%E;%f"
+# a running job: its id, state, when its time limit ends (%e: Unknown or NONE without one) and its nodes (a
+# hostlist such as cn-[01-02], expanded by scontrol show hostnames)
+RUNNING_FORMAT = "%i;%T;%e;%N"
 
 
 def parse_gres(text):
@@ -131,6 +147,21 @@ def parse_jobs(text):
     return jobs
 
 
+def parse_running(text):
+    """squeue output in RUNNING_FORMAT to job dicts; their nodes still hostlists (C(cn-[01-02]))."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.split(";", 3)]
+        if len(fields) != 4:
+            raise ValueError("unexpected squeue line %r" % line)
+        job_id, state, end, nodes = fields
+        jobs.append({"id": job_id, "state": state, "end": slurm_time(end),
+                     "nodes": "" if nodes in ("(null)", "") else nodes})
+    return jobs
+
+
 def node_record(raw, now):
     """scontrol's node dict to what the autoscaler reads."""
     parts = (raw.get("State") or "UNKNOWN").split("+")
@@ -150,7 +181,8 @@ def node_record(raw, now):
 
 
 def main():
-    module = AnsibleModule(argument_spec={"partitions": {"type": "list", "elements": "str", "default": []}},
+    module = AnsibleModule(argument_spec={"partitions": {"type": "list", "elements": "str", "default": []},
+                                          "running": {"type": "bool", "default": False}},
                            supports_check_mode=True)
 
     def run(args, what):
@@ -172,7 +204,22 @@ def main():
     out = run(["scontrol", "show", "partition", "--oneliner"], "scontrol show partition")
     partitions = [parse_node(line).get("PartitionName") for line in out.splitlines()
                   if line.startswith("PartitionName=")]
-    module.exit_json(changed=False, jobs=jobs, nodes=nodes, partitions=partitions, now=now)
+    result = dict(changed=False, jobs=jobs, nodes=nodes, partitions=partitions, now=now)
+    if module.params["running"]:
+        squeue = ["squeue", "--noheader", "--array", "--states=RUNNING,COMPLETING", "--format", RUNNING_FORMAT]
+        try:
+            running = parse_running(run(squeue, "squeue"))
+        except ValueError as exc:
+            module.fail_json(msg="squeue: %s" % exc)
+        expanded = {}
+        for job in running:
+            hostlist = job["nodes"]
+            if hostlist and hostlist not in expanded:
+                expanded[hostlist] = hostlist.split(",") if "[" not in hostlist else \
+                    run(["scontrol", "show", "hostnames", hostlist], "scontrol show hostnames").split()
+            job["nodes"] = expanded.get(hostlist, [])
+        result["running"] = running
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

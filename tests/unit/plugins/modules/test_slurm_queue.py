@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from ansible_collections.converged.hpc.plugins.modules.slurm_queue import node_record, parse_gres, parse_jobs
+from ansible_collections.converged.hpc.plugins.modules.slurm_queue import node_record, parse_gres, parse_jobs, parse_running
 from ansible_collections.converged.hpc.plugins.module_utils.slurm_text import memory_mib, parse_node, slurm_time
 
 
@@ -61,3 +61,13 @@ def test_sizes_and_times():
 
 def test_gres_forms():
     assert parse_gres("N/A") == [] and parse_gres("gres/gpu:a100:2,gres/fpga:1") == ["gpu:a100:2", "fpga:1"]
+
+
+def test_running_jobs_with_their_ends():
+    end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(1_000_000))
+    jobs = parse_running("51;RUNNING;%s;cn-[01-02]\n52_3;COMPLETING;Unknown;cn-03\n53;RUNNING;NONE;(null)\n" % end)
+    assert jobs == [{"id": "51", "state": "RUNNING", "end": 1_000_000, "nodes": "cn-[01-02]"},
+                    {"id": "52_3", "state": "COMPLETING", "end": None, "nodes": "cn-03"},
+                    {"id": "53", "state": "RUNNING", "end": None, "nodes": ""}]
+    with pytest.raises(ValueError, match="unexpected squeue line"):
+        parse_running("54;RUNNING\n")
