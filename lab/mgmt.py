@@ -171,7 +171,7 @@ def claimed(args):
 
 
 # the roles of rbac/ that belong in the management cluster (workload_reader.yml is the workload cluster's)
-MANAGEMENT_ROLES = ("inventory", "lifecycle", "autoscale", "join_at_boot", "move")
+MANAGEMENT_ROLES = ("inventory", "lifecycle", "autoscale", "join_at_boot", "move", "rollout")
 
 
 def identity(args):
