@@ -5,8 +5,10 @@ and does to the lab's machines what a host's disk and power would see:
 - a host provisioning for a consumer (CAPM3 claimed it for a Metal3Machine and set its image and user
   data): the lab machine of that host is booted anew (python3 lab/machines.py machine-boot) with the image
   of the node type its image URL names (http://images.lab.invalid/<node type>.qcow2, the
-  Metal3MachineTemplate's) and the user data Secret CAPM3 put on the host (cloud-init runs it at first
-  boot), at the address the host's hardware details give (its first NIC's);
+  Metal3MachineTemplate's; a ?build=<name> after it is an image build: lab/machines.py writes its name on the
+  disk, and a build named *slurmd-fails* is an image whose slurmd never starts) and the user data Secret CAPM3
+  put on the host (cloud-init runs it at first boot), at the address the host's hardware details give (its
+  first NIC's);
 - a host deprovisioning, or available with a machine still on it: the machine is removed;
 - a provisioned host powered off (spec.online false): the machine is stopped; on again: started;
 - a host provisioning while another deprovisions is paused until that one is done: the operator's test
@@ -78,6 +80,13 @@ def say(message):
 def node_type_of(image_url):
     base = (image_url or "").rstrip("/").rpartition("/")[2]
     return base.split(".")[0] if base else None
+
+
+def build_of(image_url):
+    """The image build a URL names (http://images.lab.invalid/compute.qcow2?build=v2: v2), or ""."""
+    query = (image_url or "").partition("?")[2]
+    pairs = (part.partition("=") for part in query.split("&"))
+    return next((pair[2] for pair in pairs if pair[0] == "build"), "")
 
 
 def address_of(host):
@@ -222,7 +231,8 @@ class Agent:
                     fh.write(data)
                     fh.flush()
                     args.append(fh.name)
-                proc = subprocess.run(args, capture_output=True, text=True, check=False)
+                proc = subprocess.run(args, capture_output=True, text=True, check=False,
+                                      env=dict(os.environ, LAB_IMAGE_BUILD=build_of(host["spec"]["image"]["url"])))
             if proc.returncode != 0:
                 raise RuntimeError(proc.stderr.strip()[-800:])
             with self.lock:

@@ -145,6 +145,7 @@ validate_conf() {
   [[ -z "$LAB_COMPUTE_HOSTS" || ( "$LAB_COMPUTE_HOSTS" =~ ^[0-9]+$ && "$LAB_COMPUTE_HOSTS" -ge "$LAB_COMPUTE" \
      && "$LAB_COMPUTE_HOSTS" -le 179 ) ]] \
     || die "LAB_COMPUTE_HOSTS='$LAB_COMPUTE_HOSTS' must be an integer from LAB_COMPUTE ($LAB_COMPUTE) to 179"
+  [[ "$LAB_COMPUTE_JOIN_AT_BOOT" =~ ^[01]$ ]] || die "LAB_COMPUTE_JOIN_AT_BOOT='$LAB_COMPUTE_JOIN_AT_BOOT' must be 0 or 1"
   [[ "$LAB_SPARE_HOSTS" =~ ^[0-9]$ ]] || die "LAB_SPARE_HOSTS='$LAB_SPARE_HOSTS' must be an integer 0-9"
   (( LAB_BARE_METAL == 0 || LAB_CLUSTERS == 1 )) \
     || die "LAB_BARE_METAL=$LAB_BARE_METAL: the bare-metal pool serves one cluster (LAB_CLUSTERS=$LAB_CLUSTERS)"
@@ -610,14 +611,17 @@ EOF
     "lab_name: $LAB_NAME" "lab_state: $STATE" "lab_subnet: $LAB_SUBNET_PREFIX.0/24" \
     "lab_munge_key_source: $LAB_MUNGE_KEY_SOURCE" "lab_directory: $directory" \
     "lab_kubeconfig: $kubeconfig" >"$STATE/group_vars/all/lab.yml"
+  local join_at_boot=()
   if (( LAB_BARE_METAL_GPU > 0 )); then
     # the pool's GPU hosts, by the names they register with: their gres.conf lines ahead (lab/group_vars.yml)
     printf 'lab_gpu_pool_hosts: "%s-bm-[01-%02d]"\n' "$LAB_NAME" "$LAB_BARE_METAL_GPU" >>"$STATE/group_vars/all/lab.yml"
-    if [[ "$LAB_JOIN_AT_BOOT" == 1 ]]; then
-      # the Slurm gpu MachineDeployment joins at boot (lab/lab.sh converge names the Secret in its template)
-      printf '%s\n' "# Written by lab/lab.sh (LAB_JOIN_AT_BOOT=1): the pool's Slurm GPU Machines join at boot." \
-        "converged_join_at_boot: [$LAB_NAME-gpu]" >"$STATE/group_vars/all/join-at-boot.yml"
-    fi
+    # the Slurm gpu MachineDeployment joins at boot (lab/lab.sh converge names the Secret in its template)
+    [[ "$LAB_JOIN_AT_BOOT" == 1 ]] && join_at_boot+=("$LAB_NAME-gpu")
+  fi
+  [[ "$LAB_COMPUTE_JOIN_AT_BOOT" == 1 ]] && join_at_boot+=("$LAB_NAME-compute")
+  if (( ${#join_at_boot[@]} > 0 )); then
+    printf '%s\n' "# Written by lab/lab.sh (LAB_JOIN_AT_BOOT, LAB_COMPUTE_JOIN_AT_BOOT): these Machines join at boot." \
+      "converged_join_at_boot: [$(IFS=,; echo "${join_at_boot[*]}")]" >"$STATE/group_vars/all/join-at-boot.yml"
   fi
   if (( LAB_KUBERNETES_GPU > 0 )); then
     local workload_kubeconfig="$dir/workload/kubeconfig"
@@ -897,7 +901,7 @@ cmd_converge() {
   grep -A6 '^PLAY RECAP' "$STATE/logs/site.log" | grep ' : ok=' | sed 's/^/    /' 
   local converge; converge=$(elapsed "$t0")
   say "site.yml converged $(wc -l <"$STATE/machines.tsv") machines ($LAB_FLAVOUR image) in $converge s"
-  if (( LAB_BARE_METAL_GPU > 0 )) && [[ "$LAB_JOIN_AT_BOOT" == 1 ]]; then
+  if { (( LAB_BARE_METAL_GPU > 0 )) && [[ "$LAB_JOIN_AT_BOOT" == 1 ]]; } || [[ "$LAB_COMPUTE_JOIN_AT_BOOT" == 1 ]]; then
     pool_join_at_boot
   fi
   say "validating: playbooks/validate.yml"
@@ -907,19 +911,28 @@ cmd_converge() {
   say "main job done: converge $converge s ($LAB_FLAVOUR), validated"
 }
 
-# LAB_JOIN_AT_BOOT=1 with a GPU pool: join_at_boot.yml writes the Slurm gpu MachineDeployment's bootstrap data
-# (site.yml kept it current already), and its template names that Secret, as a site makes the change
+# LAB_JOIN_AT_BOOT=1 with a GPU pool, LAB_COMPUTE_JOIN_AT_BOOT=1: join_at_boot.yml writes the bootstrap data of
+# the MachineDeployments that join at boot (site.yml kept it current already), and their templates name those
+# Secrets, as a site makes the change. One with Machines running is made OnDelete first: a new template
+# replaces no Machine until one is deleted (rollout.yml deletes them in its order).
 pool_join_at_boot() {
-  local inv="$STATE/capi.capi_machines.yml" md="$LAB_NAME-gpu"
-  say "the pool's Slurm GPU Machines join at boot: join_at_boot.yml, then $md's template names Secret $md-join"
+  local inv="$STATE/capi.capi_machines.yml" mds=()
+  (( LAB_BARE_METAL_GPU > 0 )) && [[ "$LAB_JOIN_AT_BOOT" == 1 ]] && mds+=("$LAB_NAME-gpu")
+  [[ "$LAB_COMPUTE_JOIN_AT_BOOT" == 1 ]] && mds+=("$LAB_NAME-compute")
+  say "Machines of ${mds[*]} join at boot: join_at_boot.yml, then each template names its Secret <name>-join"
   ansible-playbook -i "$inv" "$REPO_DIR/playbooks/join_at_boot.yml" >"$STATE/logs/join_at_boot.log" 2>&1 \
     || die_with_log "join_at_boot.yml" "$STATE/logs/join_at_boot.log"
-  python3 - "$STATE/capi/kubeconfig" "$md" <<'PY' || die "naming the join-at-boot Secret in $md's template failed"
+  python3 - "$STATE/capi/kubeconfig" "${mds[@]}" <<'PY' || die "naming the join-at-boot Secrets in the templates failed"
 import sys
 from kubernetes import client, config
 api = client.CustomObjectsApi(config.new_client_from_config(sys.argv[1]))
-api.patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machinedeployments", sys.argv[2], {
-    "spec": {"template": {"spec": {"bootstrap": {"dataSecretName": sys.argv[2] + "-join"}}}}})
+for md in sys.argv[2:]:
+    current = api.get_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machinedeployments", md)
+    if current["spec"].get("replicas"):
+        api.patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machinedeployments", md, {
+            "spec": {"rollout": {"strategy": {"type": "OnDelete", "rollingUpdate": None}}}})
+    api.patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "metal3", "machinedeployments", md, {
+        "spec": {"template": {"spec": {"bootstrap": {"dataSecretName": md + "-join"}}}}})
 PY
 }
 

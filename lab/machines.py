@@ -54,6 +54,21 @@ def read_user_data(path):
         return fh.read()
 
 
+def image_build_files(build):
+    """What an image build (the ?build= of a template's image URL, lab/hostagent.py) puts on a host's disk: its
+    name in /etc/converged-hpc/image-build; a build whose name holds "slurmd-fails" is an image whose slurmd
+    never starts (a unit drop-in), the broken image a rollout must stop on (tests/e2e/test_rollout.py)."""
+    if not build:
+        return {}
+    if not re.match(r"^[A-Za-z0-9._-]{1,64}$", build):
+        raise RuntimeError("machine-boot: image build '%s' is not a name the lab can use" % build)
+    files = {"etc/converged-hpc/image-build": (build + "\n").encode()}
+    if "slurmd-fails" in build:
+        files["etc/systemd/system/slurmd.service.d/lab-image-build.conf"] = \
+            b"# lab/machines.py: this image build's slurmd never starts\n[Service]\nExecStartPre=/bin/false\n"
+    return files
+
+
 def ram_of(node_type, ram_mib):
     return ram_mib * HIGHMEM_FACTOR if node_type == "highmem" else ram_mib
 
@@ -108,9 +123,10 @@ class Lab:
         return []
 
     # ------------------------------------------------------------------ machines
-    def start(self, name, ip, node_type, user_data=None):
+    def start(self, name, ip, node_type, user_data=None, files=None):
         """Boot a machine, or reuse it when it runs the lab's current image. user_data (bytes): the
-        bootstrap data cloud-init applies at the machine's first boot; a reused machine has had it."""
+        bootstrap data cloud-init applies at the machine's first boot; a reused machine has had it. files:
+        {path in the machine: bytes} written on its disk before it first boots (an image's build)."""
         if self.podman("container", "exists", name, check=False).returncode == 0:
             image = self.inspect(name, "{{.ImageName}}")
             if image != self.image:
@@ -132,26 +148,36 @@ class Lab:
                     "--label", "converged.hpc.flavour=" + self.flavour,
                     "-v", "%s.pub:/home/%s/.ssh/authorized_keys:ro" % (self.key, SSH_USER),
                     *self.run_flags(node_type), self.image, "/sbin/init")
-        if user_data is not None:
-            self.seed(name, user_data)
+        if user_data is not None or files:
+            self.seed(name, user_data, files)
         self.podman("start", name)
         self.say("%s booted (%s, %s%s)" % (name, node_type, ip, ", bootstrap data for cloud-init" if user_data else ""))
 
-    def seed(self, name, user_data):
+    def seed(self, name, user_data, files=None):
         """Put a NoCloud seed (meta-data, the user-data) on the machine's disk before it boots: its
-        cloud-init applies it once (the instance id is the machine's name)."""
-        files = {"meta-data": ("instance-id: %s\nlocal-hostname: %s\n" % (name, name)).encode(),
-                 "user-data": user_data}
+        cloud-init applies it once (the instance id is the machine's name). And files ({path: bytes})."""
+        seed = {}
+        if user_data is not None:
+            seed = {"meta-data": ("instance-id: %s\nlocal-hostname: %s\n" % (name, name)).encode(),
+                    "user-data": user_data}
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
-            for path, mode in (("var/lib/cloud", 0o755), ("var/lib/cloud/seed", 0o755),
-                               ("var/lib/cloud/seed/nocloud", 0o700)):
+            dirs = [("var/lib/cloud", 0o755), ("var/lib/cloud/seed", 0o755),
+                    ("var/lib/cloud/seed/nocloud", 0o700)] if seed else []
+            for path in sorted(files or {}):
+                parts = path.split("/")[:-1]
+                dirs += [("/".join(parts[:i + 1]), 0o755) for i in range(len(parts))]
+            for path, mode in dict.fromkeys(dirs):
                 info = tarfile.TarInfo(path)
                 info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, time.time()
                 tar.addfile(info)
-            for base, data in files.items():
+            for base, data in seed.items():
                 info = tarfile.TarInfo("var/lib/cloud/seed/nocloud/" + base)
                 info.size, info.mode, info.mtime = len(data), 0o600, time.time()  # it may hold secrets
+                tar.addfile(info, io.BytesIO(data))
+            for path, data in sorted((files or {}).items()):
+                info = tarfile.TarInfo(path)
+                info.size, info.mode, info.mtime = len(data), 0o644, time.time()
                 tar.addfile(info, io.BytesIO(data))
         proc = subprocess.run(["podman", "cp", "-", "%s:/" % name], input=buf.getvalue(), capture_output=True,
                               check=False)
@@ -228,11 +254,12 @@ class Lab:
         user_data = read_user_data(user_data_file)
         if not re.match(r"^[a-z0-9][a-z0-9-]*$", node_type):
             raise RuntimeError("machine-boot: node type '%s' is not a label value the lab can use" % node_type)
+        files = image_build_files(os.environ.get("LAB_IMAGE_BUILD", ""))
         os.makedirs(self.state, exist_ok=True)
         with open(os.path.join(self.state, ".machines.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self.podman("rm", "-f", "-t", "2", host, check=False)
-            self.start(host, ip, node_type, user_data)
+            self.start(host, ip, node_type, user_data, files)
             with open(self._tsv(), "a") as fh:
                 fh.write("%s %s %s\n" % (host, ip, node_type))
         self.ready(host, ip)
