@@ -50,6 +50,8 @@ SUITES = {
     "storage": (MAKE + ["e2e-storage"], "the storage and identity lab whole"),
     "shape": (MAKE + ["e2e-shape"], "the shape lab whole (login, GPU, highmem, hardware, join at boot)"),
     "two": (MAKE + ["e2e-two"], "two clusters on one management cluster"),
+    "rollout": (MAKE + ["e2e-rollout"], "a new node image rolled over a busy cluster, a broken one stopped and rolled "
+                "back, a deadline kept (playbooks/rollout.yml)"),
     "images-bookworm": (MAKE + ["images-bookworm"], "the Debian 12 images (for the Slurm 22.05 lab and scenario)"),
     "releases": (MAKE + ["e2e-releases"], "Slurm 22.05 on the oldest ansible-core, an unsafe upgrade refused"),
     "cores-lab": (MAKE + ["e2e-cores"],
@@ -69,7 +71,7 @@ TIERS = {
     ],
     "all": [
         ["elastic", "two", "images-bookworm", "releases", "molecule-22.05", "molecule-default", "matrix", "cores-lab"],
-        ["unit", "autoscale", "converged", "shape", "storage", "molecule-cluster", "molecule-ha", "lint"],
+        ["unit", "autoscale", "converged", "shape", "storage", "rollout", "molecule-cluster", "molecule-ha", "lint"],
     ],
 }
 
