@@ -28,7 +28,8 @@ if not os.path.isdir(os.path.join(LINK, "plugins")):
 
 import kubeapi  # noqa: E402
 from kubeapi import (  # noqa: E402,F401  pylint: disable=unused-import
-    ADMIN_TOKEN, AUTOSCALE_TOKEN, INVENTORY_TOKEN, JOIN_TOKEN, LIFECYCLE_TOKEN, MARKER_TOKEN, MOVE_TOKEN, READONLY_TOKEN, ROLES)
+    ADMIN_TOKEN, AUTOSCALE_TOKEN, INVENTORY_TOKEN, JOIN_TOKEN, LIFECYCLE_TOKEN, MARKER_TOKEN, MOVE_TOKEN, READONLY_TOKEN, ROLES,
+    ROLLOUT_TOKEN)
 
 # ---- the real kube-apiserver tier (tests/kube, and every test that talks to an API server): with
 # kube-apiserver and etcd in $KUBEBUILDER_ASSETS (make kube-assets), else skipped in one line

@@ -78,6 +78,8 @@ JOIN_TOKEN = "join-at-boot-token-for-tests"
 # move.yml's and rebalance.yml's token: rbac/move.yml with the roles of what a move runs (rbac/inventory.yml,
 # rbac/autoscale.yml), and rbac/workload_reader.yml (the workload cluster's reads; the tests' one server plays both)
 MOVE_TOKEN = "move-token-for-tests"
+# rollout.yml's token: rbac/rollout.yml with the roles of what a rollout runs (inventory, lifecycle, autoscale, move)
+ROLLOUT_TOKEN = "rollout-token-for-tests"
 # user, group and rules of each token with a role (the admin is system:masters, nobody has none)
 ROLES = {READONLY_TOKEN: ("machine-reader", "inventory-readers", READER_RULES),
          MARKER_TOKEN: ("marker", "markers", MARKER_RULES),
@@ -86,7 +88,9 @@ ROLES = {READONLY_TOKEN: ("machine-reader", "inventory-readers", READER_RULES),
          AUTOSCALE_TOKEN: ("autoscale-part", "autoscale-parts", collection_role("inventory") + collection_role("autoscale")),
          JOIN_TOKEN: ("join-at-boot-part", "join-at-boot-parts", collection_role("inventory") + collection_role("join_at_boot")),
          MOVE_TOKEN: ("move-part", "move-parts", collection_role("inventory") + collection_role("autoscale")
-                      + collection_role("move") + collection_role("workload_reader"))}
+                      + collection_role("move") + collection_role("workload_reader")),
+         ROLLOUT_TOKEN: ("rollout-part", "rollout-parts", collection_role("inventory") + collection_role("lifecycle")
+                         + collection_role("autoscale") + collection_role("move") + collection_role("rollout"))}
 
 
 def assets():

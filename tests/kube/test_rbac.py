@@ -16,7 +16,10 @@ written, then rewritten for another munge key. rbac/move.yml (converged-hpc-move
 autoscale's roles) and rbac/workload_reader.yml: move.yml's and rebalance.yml's own tasks (the note on the
 target, a host labelled for it, the pool read, the workload cluster's Pods and Nodes) on a server with the
 controllers' own CRDs (Metal3MachineTemplates served); what a move runs besides (hook, Lease, /scale) is
-the lifecycle and autoscale parts above."""
+the lifecycle and autoscale parts above. rbac/rollout.yml (converged-hpc-rollout, with the inventory's,
+lifecycle's, autoscale's and move's roles): rollout.yml's own API tasks (the MachineDeployment, its MachineSets
+and Machines read, the rollout written on it under the Lease, an old Machine deleted); draining and releasing
+is the lifecycle part above, the rest reads Slurm (the rollout lab runs it whole)."""
 
 import base64
 import json
@@ -29,7 +32,7 @@ import pytest
 import yaml
 
 import kubeapi
-from conftest import AUTOSCALE_TOKEN, HOOK, INVENTORY_TOKEN, JOIN_TOKEN, LIFECYCLE_TOKEN, MOVE_TOKEN, REPO, \
+from conftest import AUTOSCALE_TOKEN, HOOK, INVENTORY_TOKEN, JOIN_TOKEN, LIFECYCLE_TOKEN, MOVE_TOKEN, REPO, ROLLOUT_TOKEN, \
     ansible_env, load_metal3, make_machine, reasons, recorded, run_source
 from test_kube_lifecycle_writes import playbook
 from test_kube_move import NOTE, PLAY as MOVE_PLAY
@@ -375,3 +378,77 @@ def test_the_move_tasks_do_their_work_with_the_move_roles(move_part):
 def test_the_move_roles_are_all_used_and_never_refused(move_part):
     _runs, _host, answered = move_part
     assert_held_to(answered, ["move", "workload_reader"])
+
+
+ROLLOUT_PLAY = """
+- name: rollout.yml's own calls to the management cluster
+  hosts: localhost
+  gather_facts: false
+  vars_files: [{repo}/playbooks/vars/lifecycle.yml, {repo}/playbooks/vars/move.yml, {repo}/playbooks/vars/rollout.yml]
+  vars:
+    converged_lease_namespace: {ns}
+    converged_rollout_deployment: hpc-compute
+    converged_move: {{namespace: {ns}}}
+  tasks:
+    - name: Read the MachineDeployment, its MachineSets and Machines, as each step does
+      converged.hpc.pool_info:
+        namespace: {ns}
+        kinds: [deployments, machinesets, machines]
+        machine_selector: cluster.x-k8s.io/deployment-name=hpc-compute
+      register: rollout_pool
+
+    - name: Write the rollout on it, its strategy and template
+      ansible.builtin.include_tasks: {repo}/playbooks/tasks/rollout_write.yml
+      vars:
+        rollout_write_note: {{state: running, from: {{template: hpc-compute}}, to: {{template: hpc-compute-v2}}}}
+        rollout_write_template: {{template: hpc-compute-v2, bootstrap: hpc-compute}}
+
+    - name: Delete an old Machine, as rollout_take.yml does once its node is drained and idle
+      kubernetes.core.k8s:
+        state: absent
+        api_version: cluster.x-k8s.io/v1beta2
+        kind: Machine
+        name: hpc-compute-7d9f8-abcde
+        namespace: {ns}
+        wait: false
+
+    - name: Say what was read
+      ansible.builtin.debug:
+        msg: "sets {{{{ rollout_pool.machinesets | length }}}} machines {{{{ rollout_pool.machines | length }}}}"
+"""
+
+
+@pytest.fixture(scope="module")
+def rollout_part(server, tmp_path_factory):
+    """rollout.yml's API tasks run once with the rollout token, on the recorded hpc-compute in a namespace of its own."""
+    tmp = tmp_path_factory.mktemp("rollout-part")
+    api = server.api()
+    ns = "rbac-rollout"
+    api.namespace(ns)
+    load_metal3(api, ns)
+    play = tmp / "rollout.yml"
+    play.write_text(ROLLOUT_PLAY.format(repo=REPO, ns=ns))
+    env = ansible_env(K8S_AUTH_HOST=server.url, K8S_AUTH_API_KEY=ROLLOUT_TOKEN, K8S_AUTH_SSL_CA_CERT=server.ca_cert)
+    proc = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", "-e",
+                           "ansible_python_interpreter=" + sys.executable, str(play)], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=False, timeout=300)
+    md = api.get(API, "machinedeployments", ns, "hpc-compute")
+    # deleted: gone, or held by its finalizer (what Cluster API's controller then works off)
+    names = sorted(m["metadata"]["name"] for m in api.list(API, "machines", ns)
+                   if not m["metadata"].get("deletionTimestamp"))
+    return proc, md, names, server.answered(kubeapi.ROLES[ROLLOUT_TOKEN][0])
+
+
+def test_the_rollout_tasks_do_their_work_with_the_rollout_roles(rollout_part):
+    proc, md, names, _answered = rollout_part
+    assert proc.returncode == 0 and ROLLOUT_TOKEN not in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    assert "sets 1 machines 6" in proc.stdout, proc.stdout[-3000:]
+    assert json.loads(md["metadata"]["annotations"]["converged.hpc/rollout"])["state"] == "running"
+    assert md["spec"]["rollout"]["strategy"]["type"] == "OnDelete"
+    assert md["spec"]["template"]["spec"]["infrastructureRef"]["name"] == "hpc-compute-v2"
+    assert "hpc-compute-7d9f8-abcde" not in names and "hpc-compute-7d9f8-fghij" in names
+
+
+def test_the_rollout_role_is_all_used_and_never_refused(rollout_part):
+    _proc, _md, _names, answered = rollout_part
+    assert_held_to(answered, ["rollout"], not_found={("get", "coordination.k8s.io", "leases")})
