@@ -44,6 +44,9 @@ SUITES = {
                        "the shared pool, its gate tests: moves both ways with a job waiting, a GPU host joining at boot"),
     "storage-gate": (MAKE + ["e2e-storage", "E2E_MARK=gate"],
                      "the storage and identity lab, its gate tests: NFS, SSSD users, an MPI job as alice, REST, sacct"),
+    "rollout-gate": (MAKE + ["e2e-rollout", "E2E_MARK=gate"],
+                     "the rollout lab, its gate tests: wrong rollouts refused, a busy 4-node cluster rolled to a new "
+                     "image with every job COMPLETED 0:0"),
     "elastic": (MAKE + ["e2e-elastic"], "the elastic lab whole, with its 3-minute soak"),
     "autoscale": (MAKE + ["e2e-autoscale"], "the autoscale lab whole"),
     "converged": (MAKE + ["e2e-converged"], "the shared pool lab whole"),
@@ -66,7 +69,7 @@ SUITES = {
 # the streams of each tier, run at once (two: see the module's docstring)
 TIERS = {
     "gate": [
-        ["elastic-gate", "storage-gate", "converged-gate", "lint", "newest-core"],
+        ["elastic-gate", "storage-gate", "converged-gate", "rollout-gate", "lint", "newest-core"],
         ["unit", "autoscale-gate", "oldest-core"],
     ],
     "all": [

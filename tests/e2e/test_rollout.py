@@ -149,6 +149,7 @@ def rollout(*extra, timeout=1800):
                   timeout=timeout)
 
 
+@pytest.mark.gate
 @pytest.mark.parametrize("extra, message", [
     (["converged_rollout_template=olab-compute-v9"],
      "converged_rollout_template=olab-compute-v9: no such Metal3MachineTemplate in namespace metal3"),
@@ -166,6 +167,7 @@ def test_a_wrong_rollout_is_refused_before_any_change(lab, extra, message):
     assert after["spec"] == before["spec"] and NOTE not in (after["metadata"].get("annotations") or {})
 
 
+@pytest.mark.gate
 def test_a_busy_cluster_rolls_to_a_new_image_with_every_job_run_to_its_end(lab):
     make_template(lab, MD + "-v2", "v2")
     first = {m["metadata"]["name"] for m in machines(lab)}
