@@ -15,7 +15,7 @@ ifeq ($(origin KUBEBUILDER_ASSETS),undefined)
 export KUBEBUILDER_ASSETS := $(KUBE_ASSETS)
 endif
 
-.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images images-trixie images-bookworm unit lint sanity matrix molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-storage e2e-shape e2e-converged e2e-cores e2e-rollout test test-all build ee
+.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images images-trixie images-bookworm images-forky unit lint sanity matrix molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-storage e2e-shape e2e-converged e2e-cores e2e-rollout test test-all build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -80,6 +80,10 @@ images-trixie:
 
 images-bookworm:
 	$(call images_of,bookworm)
+
+## make images-forky  the Debian forky (testing) images: Slurm 26.05, no SSSD (LAB_SUITE=forky, LAB_DIRECTORY=0)
+images-forky:
+	$(call images_of,forky)
 
 ## make kube-assets  build kube-apiserver, the Cluster API, CAPM3 and Bare Metal Operator managers from
 ##                 their Go modules (cached by version: minutes cold, seconds after), link them and etcd

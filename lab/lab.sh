@@ -58,8 +58,8 @@ export CONTAINERS_CONF="$LAB_DIR/containers.conf"
 # the real servers (make kube-assets links them there), as make exports it
 export KUBEBUILDER_ASSETS="${KUBEBUILDER_ASSETS:-$REPO_DIR/.lab/kube-assets}"
 
-# the images of each suite: localhost/converged-hpc/debian13 (trixie), .../debian12 (bookworm)
-suite_release() { case "$1" in trixie) echo 13 ;; bookworm) echo 12 ;; *) echo "" ;; esac; }
+# the images of each suite: localhost/converged-hpc/debian13 (trixie), .../debian12 (bookworm), .../debian14 (forky)
+suite_release() { case "$1" in forky) echo 14 ;; trixie) echo 13 ;; bookworm) echo 12 ;; *) echo "" ;; esac; }
 IMAGE_REPO="localhost/converged-hpc/debian$(suite_release "$LAB_SUITE")"
 LABEL="converged.hpc.lab"
 NETWORK="${LAB_NAME}-net"
@@ -71,12 +71,14 @@ API_PORT="${LAB_API_PORT:-16443}"
 # slurmdbd, slurmrestd),
 # and the lab directory's slapd (lab/directory.yml).
 PREBAKED_PACKAGES="munge slurm-client slurmctld slurmd mpich libmpich-dev gcc libc6-dev
- sssd-ldap libnss-sss libpam-sss ldap-utils keepalived nfs-common nfs-ganesha nfs-ganesha-vfs
+ ldap-utils keepalived nfs-common nfs-ganesha nfs-ganesha-vfs
  libnfs-utils slapd python3-ldap mariadb-server python3-pymysql slurmdbd slurmrestd slurm-wlm-jwt-plugin"
-# by suite: PMIx (renamed by Debian 13's 64-bit time_t transition), sackd (Slurm 23.11 and later)
+# by suite: PMIx (renamed by Debian 13's 64-bit time_t transition), sackd (Slurm 23.11 and later), SSSD (forky has
+# none: checked in its Packages index on 2026-12-02)
 case "$LAB_SUITE" in
-  trixie) PREBAKED_PACKAGES="$PREBAKED_PACKAGES libpmix2t64 sackd" ;;
-  *) PREBAKED_PACKAGES="$PREBAKED_PACKAGES libpmix2" ;;
+  forky) PREBAKED_PACKAGES="$PREBAKED_PACKAGES libpmix2t64 sackd" ;;
+  trixie) PREBAKED_PACKAGES="$PREBAKED_PACKAGES libpmix2t64 sackd sssd-ldap libnss-sss libpam-sss" ;;
+  *) PREBAKED_PACKAGES="$PREBAKED_PACKAGES libpmix2 sssd-ldap libnss-sss libpam-sss" ;;
 esac
 BASE_PACKAGES="systemd,systemd-sysv,dbus,python3,python3-apt,iproute2,openssh-server,sudo,procps,ca-certificates,less"
 # cloud-init, as on a cloud or Metal3 image: it applies a Machine's bootstrap data at first boot
@@ -120,7 +122,9 @@ with_heartbeat() {
 }
 
 validate_conf() {
-  [[ -n "$(suite_release "$LAB_SUITE")" ]] || die "LAB_SUITE='$LAB_SUITE' is not trixie or bookworm"
+  [[ -n "$(suite_release "$LAB_SUITE")" ]] || die "LAB_SUITE='$LAB_SUITE' is not trixie, bookworm or forky"
+  [[ "$LAB_SUITE" != forky || "$LAB_DIRECTORY" == 0 ]] \
+    || die "LAB_SUITE=forky has no SSSD packages (sssd-ldap, libnss-sss, libpam-sss): set LAB_DIRECTORY=0"
   [[ "$LAB_FLAVOUR" == stock || "$LAB_FLAVOUR" == prebaked ]] \
     || die "LAB_FLAVOUR='$LAB_FLAVOUR' is not stock or prebaked"
   [[ "$LAB_LEAST_PRIVILEGE" == 0 || "$LAB_LEAST_PRIVILEGE" == 1 ]] \
@@ -257,8 +261,11 @@ build_stock() {
   read -r mirror security < <(debian_mirrors)
   [[ -n "$mirror" ]] || die "no Debian archive in this machine's apt sources (/etc/apt/sources.list*): set LAB_DEBIAN_MIRROR (and LAB_DEBIAN_SECURITY_MIRROR) to the mirror to build the images from"
   say "debootstrap Debian $(suite_release "$LAB_SUITE") ($LAB_SUITE) from $mirror into $LAB_STATE/rootfs-$LAB_SUITE (about a minute)"
+  # a suite newer than this machine's debootstrap (forky on Debian 12) is made as sid is, by sid's script
+  local script=()
+  [[ -e "/usr/share/debootstrap/scripts/$LAB_SUITE" ]] || script=(/usr/share/debootstrap/scripts/sid)
   with_heartbeat "debootstrap" debootstrap --variant=minbase --include="$BASE_PACKAGES" \
-    "$LAB_SUITE" "$root" "$mirror"
+    "$LAB_SUITE" "$root" "$mirror" "${script[@]}"
   say "configuring the machine image (admin user, sudo, first-boot SSH host keys)"
   rm -f "$root/etc/apt/sources.list.d/debian.sources"
   {
@@ -266,6 +273,12 @@ build_stock() {
     echo "deb $mirror $LAB_SUITE-updates main"
     if [[ -n "$security" ]]; then echo "deb $security $LAB_SUITE-security main"; fi
   } >"$root/etc/apt/sources.list"
+  if [[ "$LAB_SUITE" == forky ]]; then
+    # testing's Release files say they expire a week after they are made, and the archive this machine reaches
+    # may serve an older one (seen 2026-12-02: forky's "expired 26 days ago"): its machines take it as it is
+    printf '%s\n' "// lab/lab.sh: forky (testing) as the archive served it when the image was built" \
+      'Acquire::Check-Valid-Until "false";' >"$root/etc/apt/apt.conf.d/99converged-hpc-lab-testing"
+  fi
   printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"; chmod 0755 "$root/usr/sbin/policy-rc.d"
   # shellcheck disable=SC2086
   with_heartbeat "apt-get install $IMAGE_PACKAGES" chroot "$root" bash -c "apt-get update -qq \

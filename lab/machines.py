@@ -30,7 +30,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the images of each suite (lab/lab.sh builds them)
-IMAGE_REPOS = {"trixie": "localhost/converged-hpc/debian13", "bookworm": "localhost/converged-hpc/debian12"}
+IMAGE_REPOS = {"trixie": "localhost/converged-hpc/debian13", "bookworm": "localhost/converged-hpc/debian12",
+               "forky": "localhost/converged-hpc/debian14"}
 LABEL = "converged.hpc.lab"
 SSH_USER = "admin"
 # Name prefixes and address ranges by node type (lab/lab.conf): controllers .11-.19,
