@@ -15,7 +15,7 @@ ifeq ($(origin KUBEBUILDER_ASSETS),undefined)
 export KUBEBUILDER_ASSETS := $(KUBE_ASSETS)
 endif
 
-.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images images-trixie images-bookworm images-forky unit lint sanity matrix molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-storage e2e-shape e2e-converged e2e-cores e2e-rollout test test-all build ee
+.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images images-trixie images-bookworm images-forky unit lint sanity matrix molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-storage e2e-shape e2e-converged e2e-cores e2e-forky e2e-rollout test test-all build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -132,7 +132,7 @@ E2E_MARK ?=
 E2E_RUN = $(PYTHON) -m pytest -q --durations=8 $(if $(E2E_MARK),-m $(E2E_MARK))
 e2e: dev-collection images kube-assets
 	@mkdir -p .lab/logs
-	$(PYTHON) tests/tiers.py all --only elastic,two,images-bookworm,releases,cores-lab,autoscale,converged,shape,storage,rollout
+	$(PYTHON) tests/tiers.py all --only elastic,two,images-bookworm,releases,cores-lab,forky,autoscale,converged,shape,storage,rollout
 
 e2e-elastic: dev-collection images-trixie kube-assets
 	$(E2E_RUN) tests/e2e/test_elastic.py
@@ -151,6 +151,11 @@ e2e-shape: dev-collection images-trixie kube-assets
 	$(E2E_RUN) tests/e2e/test_shape.py
 
 e2e-others: e2e-shape e2e-storage
+
+## make e2e-forky  Debian forky (testing) machines in a lab of their own: Slurm 26.05 on Python 3.14 hosts, by
+##                 ansible-core 2.21; the main job, a second converge changing nothing
+e2e-forky: dev-collection images-forky kube-assets
+	$(E2E_RUN) tests/e2e/test_forky.py
 
 ## make e2e-rollout  a new node image rolled over a busy 4-node cluster (playbooks/rollout.yml): every job run to
 ##                 its end, a broken image stopped after one Machine and rolled back, a deadline kept

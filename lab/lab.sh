@@ -624,6 +624,13 @@ EOF
     "lab_name: $LAB_NAME" "lab_state: $STATE" "lab_subnet: $LAB_SUBNET_PREFIX.0/24" \
     "lab_munge_key_source: $LAB_MUNGE_KEY_SOURCE" "lab_directory: $directory" \
     "lab_kubeconfig: $kubeconfig" >"$STATE/group_vars/all/lab.yml"
+  if [[ "$LAB_SUITE" == forky ]]; then
+    printf '%s\n' "# Written by lab/lab.sh (LAB_SUITE=forky): Slurm 26.05 refuses this host's cgroups (v1, hybrid: \"Hybrid" \
+      "# mode is not supported\"), so the forky lab's Slurm tracks processes without them (the roles' default stays cgroup)." \
+      "slurm_controller_proctrack_type: proctrack/linuxproc" "slurm_controller_task_plugin: task/affinity" \
+      "slurm_controller_jobacct_gather_type: jobacct_gather/linux" \
+      "slurm_controller_cgroup_config: {CgroupPlugin: disabled}" >"$STATE/group_vars/all/forky.yml"
+  fi
   local join_at_boot=()
   if (( LAB_BARE_METAL_GPU > 0 )); then
     # the pool's GPU hosts, by the names they register with: their gres.conf lines ahead (lab/group_vars.yml)

@@ -110,6 +110,23 @@ class Lab:
         return self.podman("image", "inspect", "-f", "{{.Id}}", self.image).stdout.strip()
 
     def run_flags(self, node_type):
+        """Capabilities by machine role (docs/lab.md says why); on forky also what its systemd needs to boot."""
+        flags = self.role_flags(node_type)
+        if self.suite == "forky":
+            # systemd 258 and later refuse a cgroup v1 hierarchy, which is what podman gives on this host (cgroups
+            # v1, hybrid): the machine mounts the cgroup2 hierarchy in a cgroup namespace of its own before
+            # systemd starts (init_command), which takes a privileged container
+            flags = [f for f in flags if f != "--privileged"] + ["--privileged", "--cgroupns=private"]
+        return flags
+
+    def init_command(self):
+        """What the machine runs as PID 1: systemd (on forky after mounting cgroup2 over podman's cgroup v1)."""
+        if self.suite == "forky":
+            return ["/bin/sh", "-c", "umount -R /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup "
+                    "&& exec /sbin/init"]
+        return ["/sbin/init"]
+
+    def role_flags(self, node_type):
         """Capabilities by machine role (docs/lab.md says why)."""
         if node_type == "controller":  # keepalived's VRRP and VIP; nfs-ganesha; the shared volume
             return ["--cap-add", "NET_ADMIN", "--cap-add", "NET_RAW", "--cap-add", "DAC_READ_SEARCH",
@@ -148,7 +165,7 @@ class Lab:
                     "--label", "converged.hpc.node-type=" + node_type,
                     "--label", "converged.hpc.flavour=" + self.flavour,
                     "-v", "%s.pub:/home/%s/.ssh/authorized_keys:ro" % (self.key, SSH_USER),
-                    *self.run_flags(node_type), self.image, "/sbin/init")
+                    *self.run_flags(node_type), self.image, *self.init_command())
         if user_data is not None or files:
             self.seed(name, user_data, files)
         self.podman("start", name)

@@ -56,6 +56,8 @@ SUITES = {
     "rollout": (MAKE + ["e2e-rollout"], "a new node image rolled over a busy cluster, a broken one stopped and rolled "
                 "back, a deadline kept (playbooks/rollout.yml)"),
     "images-bookworm": (MAKE + ["images-bookworm"], "the Debian 12 images (for the Slurm 22.05 lab and scenario)"),
+    "forky": (MAKE + ["e2e-forky"], "Debian forky machines (its images built first): Slurm 26.05 on Python 3.14 "
+              "hosts by ansible-core 2.21, the main job, a second converge changing nothing"),
     "releases": (MAKE + ["e2e-releases"], "Slurm 22.05 on the oldest ansible-core, an unsafe upgrade refused"),
     "cores-lab": (MAKE + ["e2e-cores"],
                   "the main job on ansible-core 2.21 (Python 3.13) and 2.16: converge, validate with accounting and "
@@ -73,7 +75,8 @@ TIERS = {
         ["unit", "autoscale-gate", "oldest-core"],
     ],
     "all": [
-        ["elastic", "two", "images-bookworm", "releases", "molecule-22.05", "molecule-default", "matrix", "cores-lab"],
+        ["elastic", "two", "images-bookworm", "releases", "molecule-22.05", "molecule-default", "matrix", "cores-lab",
+         "forky"],
         ["unit", "autoscale", "converged", "shape", "storage", "rollout", "molecule-cluster", "molecule-ha", "lint"],
     ],
 }
