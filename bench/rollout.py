@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 
+from kubernetes import client, config
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "e2e"))
 from labkit import Lab  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -138,16 +140,13 @@ def svg(rounds, path):
 
 
 def make_template(name, build):
-    LAB.sh("python3", "-c", """
-import json, sys
-from kubernetes import client, config
-co = client.CustomObjectsApi(config.new_client_from_config(sys.argv[1]))
-base = co.get_namespaced_custom_object("%s", "v1beta2", "metal3", "metal3machinetemplates", sys.argv[2])
-spec = base["spec"]
-spec["template"]["spec"]["image"]["url"] = spec["template"]["spec"]["image"]["url"].split("?")[0] + "?build=" + sys.argv[4]
-co.create_namespaced_custom_object("%s", "v1beta2", "metal3", "metal3machinetemplates", {
-    "apiVersion": "%s/v1beta2", "kind": "Metal3MachineTemplate", "metadata": {"name": sys.argv[3]}, "spec": spec})
-""" % (INFRA, INFRA, INFRA), os.path.join(LAB.state, "capi", "kubeconfig"), MD, name, build)
+    """A copy of the compute template whose image is that build (the host agent reads ?build=)."""
+    co = client.CustomObjectsApi(config.new_client_from_config(os.path.join(LAB.state, "capi", "kubeconfig")))
+    spec = co.get_namespaced_custom_object(INFRA, "v1beta2", "metal3", "metal3machinetemplates", MD)["spec"]
+    image = spec["template"]["spec"]["image"]
+    image["url"] = image["url"].split("?")[0] + "?build=" + build
+    co.create_namespaced_custom_object(INFRA, "v1beta2", "metal3", "metal3machinetemplates", {
+        "apiVersion": INFRA + "/v1beta2", "kind": "Metal3MachineTemplate", "metadata": {"name": name}, "spec": spec})
 
 
 def main():

@@ -250,21 +250,26 @@ AUTOSCALE_PLAY = """
 """
 
 
+def local_play(server, tmp, ns, play, token):
+    """play run on the control node alone with token, in namespace ns holding the recorded metal3 objects."""
+    api = server.api()
+    api.namespace(ns)
+    load_metal3(api, ns)
+    path = tmp / "play.yml"
+    path.write_text(play)
+    env = ansible_env(K8S_AUTH_HOST=server.url, K8S_AUTH_API_KEY=token, K8S_AUTH_SSL_CA_CERT=server.ca_cert)
+    return subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", "-e",
+                           "ansible_python_interpreter=" + sys.executable, str(path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=False, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def autoscale_part(server, tmp_path_factory):
     """autoscale.yml's API tasks run once with the autoscale token (with the inventory's role), on the recorded
     MachineDeployment hpc-compute (5 replicas) in a namespace of its own."""
-    tmp = tmp_path_factory.mktemp("autoscale-part")
-    api = server.api()
-    ns = "rbac-autoscale"
-    api.namespace(ns)
-    load_metal3(api, ns)
-    play = tmp / "autoscale.yml"
-    play.write_text(AUTOSCALE_PLAY.format(ns=ns))
-    env = ansible_env(K8S_AUTH_HOST=server.url, K8S_AUTH_API_KEY=AUTOSCALE_TOKEN, K8S_AUTH_SSL_CA_CERT=server.ca_cert)
-    proc = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", "-e",
-                           "ansible_python_interpreter=" + sys.executable, str(play)], cwd=REPO, env=env,
-                          capture_output=True, text=True, check=False, timeout=300)
+    api, ns = server.api(), "rbac-autoscale"
+    proc = local_play(server, tmp_path_factory.mktemp("autoscale-part"), ns, AUTOSCALE_PLAY.format(ns=ns),
+                      AUTOSCALE_TOKEN)
     scale = api.ok("GET", "/apis/%s/namespaces/%s/machinedeployments/hpc-compute/scale" % (API, ns))
     marked = sorted(m["metadata"]["name"] for m in api.list(API, "machines", ns)
                     if "cluster.x-k8s.io/delete-machine" in (m["metadata"].get("annotations") or {}))
@@ -421,17 +426,9 @@ ROLLOUT_PLAY = """
 @pytest.fixture(scope="module")
 def rollout_part(server, tmp_path_factory):
     """rollout.yml's API tasks run once with the rollout token, on the recorded hpc-compute in a namespace of its own."""
-    tmp = tmp_path_factory.mktemp("rollout-part")
-    api = server.api()
-    ns = "rbac-rollout"
-    api.namespace(ns)
-    load_metal3(api, ns)
-    play = tmp / "rollout.yml"
-    play.write_text(ROLLOUT_PLAY.format(repo=REPO, ns=ns))
-    env = ansible_env(K8S_AUTH_HOST=server.url, K8S_AUTH_API_KEY=ROLLOUT_TOKEN, K8S_AUTH_SSL_CA_CERT=server.ca_cert)
-    proc = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", "-e",
-                           "ansible_python_interpreter=" + sys.executable, str(play)], cwd=REPO, env=env,
-                          capture_output=True, text=True, check=False, timeout=300)
+    api, ns = server.api(), "rbac-rollout"
+    proc = local_play(server, tmp_path_factory.mktemp("rollout-part"), ns, ROLLOUT_PLAY.format(repo=REPO, ns=ns),
+                      ROLLOUT_TOKEN)
     md = api.get(API, "machinedeployments", ns, "hpc-compute")
     # deleted: gone, or held by its finalizer (what Cluster API's controller then works off)
     names = sorted(m["metadata"]["name"] for m in api.list(API, "machines", ns)
