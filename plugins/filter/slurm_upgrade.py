@@ -26,6 +26,11 @@ description:
     so are controllers of different releases.
   - A slurmdbd about to restart into a newer release needs the accounting database backed up first
     (C(playbooks/accounting_backup.yml)), no longer than O(backup_max_age) seconds before.
+  - Slurm does not go back - a slurmctld older than the state saved by a newer one, or than a newer slurmctld
+    that runs, and a slurmdbd older than the one that converted the database, are refused, naming the way
+    through (the newer release installed again, or the database restored from the dump taken before).
+  - Every refusal names the step an upgrade is at - 1 slurmdbd, 2 the controllers, 3 the compute nodes,
+    4 the login nodes (C(playbooks/upgrade.yml) does each in turn).
 options:
   _input:
     description: "A list of C({host, roles, versions}), versions being the module's result."
@@ -49,7 +54,9 @@ check: "{{ hosts | converged.hpc.slurm_upgrade_check(allow_state_loss=false) }}"
 RETURN = r"""
 _value:
   description: C(errors) (what to refuse, each one line), C(notes) (what was allowed and why), C(now) (the releases
-    that run, by host and daemon) and C(target) (what the converge would run).
+    that run, by host and daemon), C(target) (what the converge would run) and C(step) (where an upgrade is -
+    C(from), C(to), C(number) 1-4 or 0 with no upgrade under way, C(name), C(pending) the hosts still behind,
+    C(text) one line that says it).
   type: dict
 """
 
@@ -64,6 +71,44 @@ from ansible_collections.converged.hpc.plugins.module_utils.slurm_release import
 
 # the daemon each role runs, and the program whose version the client commands are
 DAEMON_OF = {"controller": "slurmctld", "compute": "slurmd", "slurmdbd": "slurmdbd", "login": "client"}
+
+
+# an upgrade's steps, in Slurm's order: the roles each takes and what it is called
+STEPS = [("slurmdbd", ("slurmdbd",), "slurmdbd"), ("controllers", ("controller",), "the controllers"),
+         ("compute", ("compute",), "the compute nodes"), ("login", ("login",), "the login nodes")]
+
+
+def upgrade_step(hosts):
+    """Where an upgrade is: the oldest release that runs (or, for a daemon not running, is installed), the
+    newest installed, and the first step, in Slurm's order, whose hosts are not all on the newest."""
+    at = {}  # (host, role) -> the release it runs, else the one installed
+    for entry in hosts:
+        v = entry.get("versions") or {}
+        installed, running = v.get("installed") or {}, v.get("running") or {}
+        for role in entry.get("roles") or []:
+            daemon = DAEMON_OF.get(role)
+            version = (running.get(daemon) if daemon != "client" else None) or installed.get(daemon)
+            if daemon and version:
+                at[(entry["host"], role)] = release_of(version)
+    newest = [release_of((e.get("versions") or {}).get("installed", {}).get(DAEMON_OF[r]))
+              for e in hosts for r in e.get("roles") or [] if r in DAEMON_OF]
+    newest = [r for r in newest if r]
+    if not at or not newest:
+        return dict(number=0, name="", pending=[], text="")
+    to = max(newest, key=ordinal)
+    older = sorted(set(r for r in at.values() if ordinal(r) < ordinal(to)), key=ordinal)
+    if not older:
+        return dict(number=0, name="", pending=[], text="", to=to)
+    for number, (name, roles, words) in enumerate(STEPS, 1):
+        pending = sorted(set("%s (%s)" % (h, r_) for (h, role), r_ in at.items() if role in roles
+                             and ordinal(r_) < ordinal(to)))
+        if pending:
+            step = dict(number=number, name=name, pending=pending, to=to)
+            step["from"] = older[0]
+            step["text"] = "the upgrade %s -> %s is at step %d of %d, %s (behind: %s)" % (
+                older[0], to, number, len(STEPS), words, ", ".join(pending))
+            return step
+    return dict(number=0, name="", pending=[], text="", to=to)
 
 
 def _hosts(pairs):
@@ -125,6 +170,24 @@ def slurm_upgrade_check(hosts, allow_state_loss=False, backup_max_age=86400):
                " and the %d job step(s) running" % steps_running if steps_running else "",
                " -> ".join([older] + path + [rel])))
 
+    # 1b. Slurm does not go back: a slurmctld older than a newer slurmctld's state, a slurmdbd older than the
+    # slurmdbd that converted the database
+    for rel, host, daemon in sorted(target, key=lambda t: (ordinal(t[0]), t[1])):
+        if daemon not in ("slurmctld", "slurmdbd"):
+            continue
+        ahead = [(r, h, d) for r, h, d in now if ordinal(r) > ordinal(rel)
+                 and (d in ("slurmctld", "saved state") if daemon == "slurmctld" else (d == "slurmdbd" and h == host))]
+        if not ahead:
+            continue
+        newer = max((r for r, _h, _d in ahead), key=ordinal)
+        way = ("install Slurm %s again on %s (its packages or its host's image); Slurm %s cannot read the state a "
+               "newer slurmctld saved" % (newer, host, rel)) if daemon == "slurmctld" else (
+            "install Slurm %s again on %s, or restore the accounting database from the dump taken before its "
+            "upgrade (playbooks/accounting_backup.yml keeps it) and then start Slurm %s" % (newer, host, rel))
+        errors.append("%s %s on %s would go back from the Slurm %s that runs now (%s): Slurm does not downgrade. "
+                      "Nothing was changed. The way through: %s"
+                      % (daemon, rel, host, newer, _hosts((h, "%s %s" % (d, r)) for r, h, d in ahead), way))
+
     # 2. the order: slurmdbd >= slurmctld >= slurmd and the clients, each within the reach of the one above
     by = {}
     for rel, host, daemon in target:
@@ -160,7 +223,10 @@ def slurm_upgrade_check(hosts, allow_state_loss=False, backup_max_age=86400):
                     "up first with playbooks/accounting_backup.yml (%s)"
                     % (host, was, rel, "no dump found" if age is None else "the newest dump is %d h old, more than "
                        "%d h" % (age // 3600, backup_max_age // 3600)))
-    return dict(errors=errors, notes=notes,
+    step = upgrade_step(hosts)
+    if step["number"] and errors:
+        errors = ["%s; %s" % (error, step["text"]) for error in errors]
+    return dict(errors=errors, notes=notes, step=step,
                 now=sorted("%s %s %s" % (h, d, r) for r, h, d in now),
                 target=sorted("%s %s %s" % (h, d, r) for r, h, d in target))
 

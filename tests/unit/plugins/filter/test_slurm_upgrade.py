@@ -144,3 +144,39 @@ def test_the_state_files_header_names_the_release_that_wrote_it(tmp_path):
     assert slurm_versions.state_release(str(tmp_path / "node_state")) == "24.11"
     assert slurm_versions.state_release(str(tmp_path / "garbage")) is None
     assert slurm_versions.state_release(str(tmp_path / "missing")) is None
+
+
+def test_a_downgrade_is_refused_naming_the_way_through():
+    # the backup reinstalled with 26.05 took control and saved its state; the primary still has 24.11
+    hosts = [controller("ctl-01", "24.11.5", state="26.05"), controller("ctl-02", "26.05.5", running="26.05.5")]
+    errors = " ".join(slurm_upgrade_check(hosts)["errors"])
+    assert "slurmctld 24.11 on ctl-01 would go back from the Slurm 26.05 that runs now" in errors
+    assert "Slurm does not downgrade" in errors and "install Slurm 26.05 again on ctl-01" in errors
+    # a slurmdbd older than the one that converted the database
+    dbd = {"host": "db-01", "roles": ["slurmdbd"],
+           "versions": versions({"slurmdbd": "24.11.5"}, {"slurmdbd": "26.05.5"})}
+    errors = " ".join(slurm_upgrade_check([dbd])["errors"])
+    assert "slurmdbd 24.11 on db-01 would go back from the Slurm 26.05" in errors
+    assert "restore the accounting database from the dump" in errors
+
+
+def test_every_refusal_names_the_step_the_upgrade_is_at():
+    db = {"host": "db-01", "roles": ["slurmdbd"], "versions": versions({"slurmdbd": "26.05.5"}, {"slurmdbd": "26.05.5"})}
+    ctl = {"host": "ctl-01", "roles": ["controller"],
+           "versions": versions({"slurmctld": "24.11.5", "client": "24.11.5"}, {"slurmctld": "24.11.5"})}
+    login = {"host": "login-01", "roles": ["login"], "versions": versions({"client": "26.05.5"})}
+    out = slurm_upgrade_check([db, ctl, login])
+    assert out["step"]["number"] == 2 and out["step"]["name"] == "controllers"
+    assert out["step"]["from"] == "24.11" and out["step"]["to"] == "26.05"
+    assert out["step"]["pending"] == ["ctl-01 (24.11)"]
+    # the login node ahead of its controllers is refused, and the refusal says where the upgrade is
+    assert any("client commands 26.05 on login-01 is newer than the controllers" in e
+               and e.endswith("the upgrade 24.11 -> 26.05 is at step 2 of 4, the controllers (behind: ctl-01 (24.11))")
+               for e in out["errors"]), out["errors"]
+    # the controllers done: step 3, the compute nodes (a 24.11 slurmd under 26.05 controllers is allowed)
+    ctl26 = {"host": "ctl-01", "roles": ["controller"],
+             "versions": versions({"slurmctld": "26.05.5", "client": "26.05.5"}, {"slurmctld": "26.05.5"})}
+    out = slurm_upgrade_check([db, ctl26, compute("cn-01", "24.11.5", "24.11.5")])
+    assert out["errors"] == [] and out["step"]["number"] == 3 and out["step"]["pending"] == ["cn-01 (24.11)"]
+    # nothing behind: no upgrade under way
+    assert slurm_upgrade_check([db, ctl26])["step"]["number"] == 0
