@@ -53,3 +53,26 @@ def test_a_whole_converge_again_changes_nothing(lab):
     assert recorded == 1 and len(changed) <= 2, res.stdout[-4000:]
     res = lab.playbook("site.yml")
     assert res.returncode == 0 and "nothing to do" in res.stdout, res.stdout[-3000:]
+
+
+def test_the_identity_role_refuses_forky_naming_the_packages_it_lacks(lab):
+    # a directory asked for on forky: the sssd role stops before installing anything, naming what the
+    # archive lacks and what a site does instead
+    res = lab.playbook("identity.yml", "sssd_ldap_uri=ldap://directory.lab.invalid",
+                       "sssd_ldap_search_base=dc=lab,dc=invalid", "sssd_ldap_start_tls=false", "sssd_ldap_bind_dn=",
+                       "sssd_ldap_bind_password=", limit=CN)
+    text = " ".join(res.stdout.split())
+    assert res.returncode != 0, res.stdout[-3000:]
+    assert "sssd-ldap, libnss-sss, libpam-sss: not in the archive of %s (Debian" % CN in text, text[-3000:]
+    assert "forky), so none of sssd-ldap, libnss-sss, libpam-sss was installed" in text, text[-3000:]
+    assert "converged_sssd false" in text, text[-3000:]
+    assert lab.on(CN, "dpkg -s sssd-ldap", check=False).returncode != 0
+    assert lab.on(CN, "test -e /etc/sssd/sssd.conf", check=False).returncode != 0
+
+
+def test_slurmdbd_26_05_finds_mariadb_11_8_as_it_asks(lab):
+    # MariaDB 11.8 has innodb_snapshot_isolation on, which slurmdbd 26.05 refuses (a write conflict would be
+    # fatal): the mariadb role turns it off
+    assert lab.on(CTL, "mariadb -N -e 'select @@innodb_snapshot_isolation'").stdout.strip() == "0"
+    log = lab.on(CTL, "journalctl -u slurmdbd --no-pager -o cat").stdout
+    assert "innodb_snapshot_isolation is enabled" not in log, log[-2000:]
