@@ -15,7 +15,7 @@ ifeq ($(origin KUBEBUILDER_ASSETS),undefined)
 export KUBEBUILDER_ASSETS := $(KUBE_ASSETS)
 endif
 
-.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images images-trixie images-bookworm images-forky unit lint sanity matrix molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-storage e2e-shape e2e-converged e2e-cores e2e-forky e2e-rollout test test-all build ee
+.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images images-trixie images-bookworm images-forky unit lint sanity matrix molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-storage e2e-shape e2e-converged e2e-cores e2e-forky e2e-rollout e2e-upgrade test test-all build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -161,6 +161,11 @@ e2e-forky: dev-collection images-forky kube-assets
 ##                 its end, a broken image stopped after one Machine and rolled back, a deadline kept
 e2e-rollout: dev-collection images-trixie kube-assets
 	$(E2E_RUN) tests/e2e/test_rollout.py
+
+## make e2e-upgrade  Slurm 24.11 -> 26.05, its first step: slurmdbd reinstalled with Debian forky (a checked dump,
+##                   the database converted, a job run through it, nothing lost in accounting)
+e2e-upgrade: dev-collection images-trixie images-forky kube-assets
+	$(E2E_RUN) tests/e2e/test_upgrade.py
 
 ## make e2e-releases  Slurm 22.05 (Debian 12) in a lab of its own, and an upgrade refused
 e2e-releases: dev-collection images kube-assets

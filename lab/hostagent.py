@@ -6,7 +6,8 @@ and does to the lab's machines what a host's disk and power would see:
   data): the lab machine of that host is booted anew (python3 lab/machines.py machine-boot) with the image
   of the node type its image URL names (http://images.lab.invalid/<node type>.qcow2, the
   Metal3MachineTemplate's; a ?build=<name> after it is an image build: lab/machines.py writes its name on the
-  disk, and a build named *slurmd-fails* is an image whose slurmd never starts) and the user data Secret CAPM3
+  disk, and a build named *slurmd-fails* is an image whose slurmd never starts; a &suite=forky is the image of
+  that Debian release) and the user data Secret CAPM3
   put on the host (cloud-init runs it at first boot), at the address the host's hardware details give (its
   first NIC's);
 - a host deprovisioning, or available with a machine still on it: the machine is removed;
@@ -80,6 +81,13 @@ def say(message):
 def node_type_of(image_url):
     base = (image_url or "").rstrip("/").rpartition("/")[2]
     return base.split(".")[0] if base else None
+
+
+def suite_of(image_url):
+    """The Debian suite a URL names (http://images.lab.invalid/compute.qcow2?suite=forky: forky), or ""."""
+    query = (image_url or "").partition("?")[2]
+    pairs = [pair.partition("=") for pair in query.split("&")]
+    return next((pair[2] for pair in pairs if pair[0] == "suite"), "")
 
 
 def build_of(image_url):
@@ -231,8 +239,11 @@ class Agent:
                     fh.write(data)
                     fh.flush()
                     args.append(fh.name)
-                proc = subprocess.run(args, capture_output=True, text=True, check=False,
-                                      env=dict(os.environ, LAB_IMAGE_BUILD=build_of(host["spec"]["image"]["url"])))
+                url = host["spec"]["image"]["url"]
+                env = dict(os.environ, LAB_IMAGE_BUILD=build_of(url))
+                if suite_of(url):  # an image of another Debian release (another Slurm)
+                    env["LAB_SUITE"] = suite_of(url)
+                proc = subprocess.run(args, capture_output=True, text=True, check=False, env=env)
             if proc.returncode != 0:
                 raise RuntimeError(proc.stderr.strip()[-800:])
             with self.lock:

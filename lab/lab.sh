@@ -149,6 +149,7 @@ validate_conf() {
   [[ -z "$LAB_COMPUTE_HOSTS" || ( "$LAB_COMPUTE_HOSTS" =~ ^[0-9]+$ && "$LAB_COMPUTE_HOSTS" -ge "$LAB_COMPUTE" \
      && "$LAB_COMPUTE_HOSTS" -le 179 ) ]] \
     || die "LAB_COMPUTE_HOSTS='$LAB_COMPUTE_HOSTS' must be an integer from LAB_COMPUTE ($LAB_COMPUTE) to 179"
+  [[ "$LAB_CGROUPS" =~ ^[01]$ ]] || die "LAB_CGROUPS='$LAB_CGROUPS' must be 0 or 1"
   [[ "$LAB_COMPUTE_JOIN_AT_BOOT" =~ ^[01]$ ]] || die "LAB_COMPUTE_JOIN_AT_BOOT='$LAB_COMPUTE_JOIN_AT_BOOT' must be 0 or 1"
   [[ "$LAB_SPARE_HOSTS" =~ ^[0-9]$ ]] || die "LAB_SPARE_HOSTS='$LAB_SPARE_HOSTS' must be an integer 0-9"
   (( LAB_BARE_METAL == 0 || LAB_CLUSTERS == 1 )) \
@@ -624,8 +625,8 @@ EOF
     "lab_name: $LAB_NAME" "lab_state: $STATE" "lab_subnet: $LAB_SUBNET_PREFIX.0/24" \
     "lab_munge_key_source: $LAB_MUNGE_KEY_SOURCE" "lab_directory: $directory" \
     "lab_kubeconfig: $kubeconfig" >"$STATE/group_vars/all/lab.yml"
-  if [[ "$LAB_SUITE" == forky ]]; then
-    printf '%s\n' "# Written by lab/lab.sh (LAB_SUITE=forky): Slurm 26.05 refuses this host's cgroups (v1, hybrid: \"Hybrid" \
+  if [[ "$LAB_SUITE" == forky || "$LAB_CGROUPS" == 0 ]]; then
+    printf '%s\n' "# Written by lab/lab.sh (LAB_SUITE=forky or LAB_CGROUPS=0): Slurm 26.05 refuses this host's cgroups (v1, hybrid: \"Hybrid" \
       "# mode is not supported\"), so the forky lab's Slurm tracks processes without them (the roles' default stays cgroup)." \
       "slurm_controller_proctrack_type: proctrack/linuxproc" "slurm_controller_task_plugin: task/affinity" \
       "slurm_controller_jobacct_gather_type: jobacct_gather/linux" \

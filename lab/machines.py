@@ -7,6 +7,9 @@ machine goes one way: lab.sh or the host agent -> this module -> podman.
 
     python3 lab/machines.py start NAME IP NODE_TYPE   boot (or reuse) one machine
     python3 lab/machines.py ready NAME IP             wait until sshd answers and systemd has booted
+    python3 lab/machines.py reinstall NAME IP NODE_TYPE
+        the machine made again from LAB_SUITE's image, its name, address and data disks kept (an upgrade
+        of a controller, the accounting host or a login node by reinstalling it)
     python3 lab/machines.py machine-add MACHINE NODE_TYPE [USER_DATA_FILE]
         boot a new machine for a Cluster API Machine; prints "hostname address cpus ram_mib".
         USER_DATA_FILE: the Machine's bootstrap data, handed to cloud-init at first boot
@@ -136,11 +139,32 @@ class Lab:
         if node_type == "gpu":  # and its fake GPUs
             # (--device is ignored beside --privileged: a bind mount of /dev/null names each one)
             return ["--privileged"] + [arg for i in range(LAB_GPUS) for arg in ("-v", "/dev/null:/dev/nvidia%d" % i)]
+        if node_type == "accounting":  # its data disk: the database and its dumps outlive a reinstall
+            return [arg for path, volume in self.data_volumes(node_type) for arg in ("-v", "%s:%s" % (volume, path))]
         if node_type == "directory":  # slapd restarts cleanly
             return ["--cap-add", "SYS_PTRACE"]
         return []
 
+    def data_volumes(self, node_type):
+        """(path, volume) of a node type's data disk: what a host reinstalled with another image keeps."""
+        if node_type == "accounting":
+            return [("/var/lib/mysql", "%s-accounting-db" % self.name),
+                    ("/var/backups/slurm-accounting", "%s-accounting-dumps" % self.name)]
+        return []
+
     # ------------------------------------------------------------------ machines
+    def reinstall(self, name, ip, node_type):
+        """The host reinstalled with this lab's image (LAB_SUITE: another Debian, another Slurm): its name, address
+        and data disks kept (the controllers' shared volume, the accounting host's database and dumps), as a site
+        reinstalls a controller or its database host to upgrade it. Its munge key and configuration come back by
+        a converge, as on a new host."""
+        with open(os.path.join(self.state, ".machines.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.podman("rm", "-f", "-t", "10", name, check=False)
+            self.start(name, ip, node_type)
+        self.ready(name, ip)
+        self.say("%s reinstalled with %s (%s)" % (name, self.image, node_type))
+
     def start(self, name, ip, node_type, user_data=None, files=None):
         """Boot a machine, or reuse it when it runs the lab's current image. user_data (bytes): the
         bootstrap data cloud-init applies at the machine's first boot; a reused machine has had it. files:
@@ -160,6 +184,9 @@ class Lab:
                 self.podman("start", name)
                 self.say("%s restarted (%s)" % (name, ip))
                 return
+        for _path, volume in self.data_volumes(node_type):
+            if self.podman("volume", "exists", volume, check=False).returncode != 0:
+                self.podman("volume", "create", "--label", "%s=%s" % (LABEL, self.name), volume)
         self.podman("create", "--name", name, "--hostname", name, "--network", self.network, "--ip", ip,
                     "--systemd=always", "--label", "%s=%s" % (LABEL, self.name),
                     "--label", "converged.hpc.node-type=" + node_type,
@@ -307,6 +334,8 @@ def main(argv):
     try:
         if command == "start" and len(args) == 3:
             lab.start(*args)
+        elif command == "reinstall" and len(args) == 3:
+            lab.reinstall(*args)
         elif command == "ready" and len(args) == 2:
             lab.ready(*args)
         elif command == "machine-add" and len(args) in (2, 3):
