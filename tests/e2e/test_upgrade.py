@@ -79,4 +79,3 @@ def test_slurmdbd_first_a_checked_dump_the_database_converted_nothing_lost(lab):
     wait_for("the job run through the step to end", lambda: lab.job_state(CTL, through) in ("COMPLETED", None), 180)
     jobs = sacct(lab, [before, through, meanwhile])
     assert jobs == {before: ("COMPLETED", "0:0"), through: ("COMPLETED", "0:0"), meanwhile: ("COMPLETED", "0:0")}, jobs
-
