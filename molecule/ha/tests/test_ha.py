@@ -67,6 +67,10 @@ def test_configuration_of_both_controllers_and_the_nodes():
         assert on(ctl, "stat -c '%a %U' /etc/keepalived/keepalived.conf").stdout.split() == ["640", "root"]
         assert on(ctl, "systemctl is-active keepalived slurmctld").stdout.split() == ["active", "active"]
     assert "priority 150" in on(CTL1, "cat /etc/keepalived/keepalived.conf").stdout
+    for ctl in (CTL1, CTL2):
+        # the role's auto with no PASS password: VRRP 3, 0.3 s adverts
+        keepalived_conf = on(ctl, "cat /etc/keepalived/keepalived.conf").stdout
+        assert "    version 3\n    advert_int 0.3\n" in keepalived_conf and "auth_pass" not in keepalived_conf
     assert "priority 140" in on(CTL2, "cat /etc/keepalived/keepalived.conf").stdout
     for node in (CN1, CN2):
         assert "--conf-server %s " % VIP in on(node, "cat /etc/default/slurmd").stdout
@@ -102,6 +106,33 @@ def slurmctld_pid(machine):
 def takeovers(machine):
     """How many takeover requests this controller's slurmctld has processed."""
     return on(machine, "grep -c REQUEST_TAKEOVER /var/log/slurm/slurmctld.log || true").stdout.strip()
+
+
+def epoch(machine, stamp):
+    return float(on(machine, "date -d '%s' +%%s.%%N" % stamp).stdout)
+
+
+def phases(machine, since):
+    """Seconds from the epoch time `since` to each step of a takeover on this controller: keepalived's
+    MASTER, the control script's probe done and takeover requested, slurmctld's REQUEST_TAKEOVER and
+    its first "Running as primary controller"."""
+    out = {}
+    journal = on(machine, "journalctl -t converged-hpc-keepalived -t converged-hpc-control --since @%d --no-pager "
+                          "-o short-unix" % since, check=False).stdout
+    for line in journal.splitlines():
+        stamp, _, text = line.partition(" ")
+        for key, mark in (("master", "is now MASTER"), ("probed", "accepts connections on"),
+                          ("requested", ": requested"), ("serves", "this host serves: unreachable routes removed")):
+            if mark in text and key not in out and float(stamp) >= since:
+                out[key] = float(stamp) - since
+    log = on(machine, "grep -E 'REQUEST_TAKEOVER|Running as primary controller' /var/log/slurm/slurmctld.log || true").stdout
+    for key, mark in (("slurm_takeover", "REQUEST_TAKEOVER"), ("in_control", "Running as primary controller")):
+        for stamp in re.findall(r"^\[([0-9T:.-]+)\].*%s" % mark, log, re.M):
+            at = epoch(machine, stamp)
+            if at >= since:
+                out[key] = at - since
+                break
+    return out
 
 
 def in_control_since(machine, since):
@@ -207,6 +238,10 @@ def test_primary_killed_while_jobs_run_and_wait_no_job_lost():
     assert "Slurmctld(backup) at mol-ha-ctl2 is UP" in on(CN1, "scontrol ping", check=False).stdout
     record("ha failover: primary killed -> VIP on backup %.1f s, backup in control %.1f s, a client's squeue answered %.1f s"
            % (vip_moved, in_control, serving))
+    steps = phases(CTL2, killed_at)
+    record("ha failover steps (s after the kill, the backup's clock): " + ", ".join(
+        "%s %.2f" % (key, steps[key]) for key in ("master", "probed", "requested", "slurm_takeover", "in_control",
+                                                  "serves") if key in steps))
     wait_for("running job %s completed" % running, lambda: job_state(running)[0] == "COMPLETED", timeout=90)
     wait_for("queued job %s completed" % queued, lambda: job_state(queued)[0] == "COMPLETED", timeout=90)
     assert job_state(running) == ("COMPLETED", "0:0") and job_state(queued) == ("COMPLETED", "0:0")
