@@ -132,7 +132,7 @@ E2E_MARK ?=
 E2E_RUN = $(PYTHON) -m pytest -q --durations=8 $(if $(E2E_MARK),-m $(E2E_MARK))
 e2e: dev-collection images kube-assets
 	@mkdir -p .lab/logs
-	$(PYTHON) tests/tiers.py all --only elastic,two,images-bookworm,releases,cores-lab,forky,autoscale,converged,shape,storage,rollout
+	$(PYTHON) tests/tiers.py all --only elastic,two,images-bookworm,releases,cores-lab,forky,upgrade,autoscale,converged,shape,storage,rollout
 
 e2e-elastic: dev-collection images-trixie kube-assets
 	$(E2E_RUN) tests/e2e/test_elastic.py
@@ -162,8 +162,9 @@ e2e-forky: dev-collection images-forky kube-assets
 e2e-rollout: dev-collection images-trixie kube-assets
 	$(E2E_RUN) tests/e2e/test_rollout.py
 
-## make e2e-upgrade  Slurm 24.11 -> 26.05, its first step: slurmdbd reinstalled with Debian forky (a checked dump,
-##                   the database converted, a job run through it, nothing lost in accounting)
+## make e2e-upgrade  Slurm 24.11 -> 26.05 on an HA cluster with jobs running: slurmdbd reinstalled with Debian forky
+##                   (a checked dump, the database converted), then the controllers (upgrade_controllers.yml: one
+##                   handover's outage), nothing lost in accounting
 e2e-upgrade: dev-collection images-trixie images-forky kube-assets
 	$(E2E_RUN) tests/e2e/test_upgrade.py
 

@@ -58,6 +58,9 @@ SUITES = {
     "images-bookworm": (MAKE + ["images-bookworm"], "the Debian 12 images (for the Slurm 22.05 lab and scenario)"),
     "forky": (MAKE + ["e2e-forky"], "Debian forky machines (its images built first): Slurm 26.05 on Python 3.14 "
               "hosts by ansible-core 2.21, the main job, a second converge changing nothing"),
+    "upgrade": (MAKE + ["e2e-upgrade"], "Slurm 24.11 -> 26.05 in Slurm's order on an HA cluster with jobs running: "
+                "slurmdbd reinstalled with forky (the database converted), the controllers handed over "
+                "(upgrade_controllers.yml), every job in sacct"),
     "releases": (MAKE + ["e2e-releases"], "Slurm 22.05 on the oldest ansible-core, an unsafe upgrade refused"),
     "cores-lab": (MAKE + ["e2e-cores"],
                   "the main job on ansible-core 2.21 (Python 3.13) and 2.16: converge, validate with accounting and "
@@ -76,7 +79,7 @@ TIERS = {
     ],
     "all": [
         ["elastic", "two", "images-bookworm", "releases", "molecule-22.05", "molecule-default", "matrix", "cores-lab",
-         "forky"],
+         "forky", "upgrade"],
         ["unit", "autoscale", "converged", "shape", "storage", "rollout", "molecule-cluster", "molecule-ha", "lint"],
     ],
 }

@@ -29,8 +29,8 @@ description:
   - Slurm does not go back - a slurmctld older than the state saved by a newer one, or than a newer slurmctld
     that runs, and a slurmdbd older than the one that converted the database, are refused, naming the way
     through (the newer release installed again, or the database restored from the dump taken before).
-  - Every refusal names the step an upgrade is at - 1 slurmdbd, 2 the controllers, 3 the compute nodes,
-    4 the login nodes (C(playbooks/upgrade.yml) does each in turn).
+  - Every refusal names the step an upgrade is at - 1 slurmdbd, 2 the controllers (with HA,
+    C(playbooks/upgrade_controllers.yml)), 3 the compute nodes (C(playbooks/rollout.yml)), 4 the login nodes.
 options:
   _input:
     description: "A list of C({host, roles, versions}), versions being the module's result."
@@ -45,6 +45,15 @@ options:
     description: Seconds an accounting dump stays recent enough for a slurmdbd upgrade.
     type: int
     default: 86400
+  handover:
+    description:
+      - The controllers in SlurmctldHost order, when the converge is C(playbooks/upgrade_controllers.yml)'s - the
+        standbys given the newer release may start it next to the older one that holds control, which the playbook
+        then stops and hands control from (filter C(converged.hpc.slurm_controller_handover) says which). Empty - two
+        controller releases are refused.
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -111,11 +120,69 @@ def upgrade_step(hosts):
     return dict(number=0, name="", pending=[], text="", to=to)
 
 
+def _slurmctld(entry, which):
+    return release_of(((entry.get("versions") or {}).get(which) or {}).get("slurmctld"))
+
+
+def slurm_controller_handover(hosts, order):
+    """The controllers' step of an upgrade with HA: which controllers have the newer release installed (the standbys
+    a site reinstalled or upgraded), which still have the older one, and whether control may be handed from the
+    older to the first newer one (every older slurmctld stopped first: an older slurmctld cannot read the newer
+    one's messages, so a takeover while it runs would leave two controllers in control)."""
+    by_host = dict((e["host"], e) for e in hosts)
+    ctls = [h for h in order if h in by_host]
+    out = {"errors": [], "new": [], "old": [], "target": "", "to": None, "from": None, "done": False, "text": ""}
+    installed = dict((h, _slurmctld(by_host[h], "installed")) for h in ctls)
+    missing = [h for h in ctls if not installed[h]]
+    if missing:
+        out["errors"].append("slurmctld is not installed on %s: every controller needs Slurm installed before a "
+                             "handover" % ", ".join(missing))
+        return out
+    if not ctls:
+        out["errors"].append("no controller to hand control over between")
+        return out
+    to = max(installed.values(), key=ordinal)
+    new = [h for h in ctls if installed[h] == to]
+    old = [h for h in ctls if installed[h] != to]
+    out.update(to=to, new=new, old=old)
+    if not old:
+        out["done"] = True
+        out["text"] = ("every controller has Slurm %s installed (%s): nothing to hand over; site.yml converges them"
+                       % (to, ", ".join(ctls)))
+        return out
+    frm = min((installed[h] for h in old), key=ordinal)
+    out["from"] = frm
+    if ctls[0] in new:
+        out["errors"].append(
+            "%s (the primary, SlurmctldHost[0]) has Slurm %s while %s ha%s %s: a primary that starts asks the "
+            "controller in control to hand over by messages an older slurmctld cannot read, so it would not let go. "
+            "The primary goes last: install Slurm %s back on %s (or leave it stopped), give Slurm %s to a standby "
+            "(%s) and run this again" % (ctls[0], to, ", ".join(old), "s" if len(old) == 1 else "ve", frm, frm,
+                                         ctls[0], to, ", ".join(h for h in ctls[1:] if h in old) or "none left"))
+    if not takes_over(to, frm):
+        out["errors"].append("slurmctld %s cannot take over the state of slurmctld %s (%s): Slurm %s reads state "
+                             "from %s and later only; step through %s" % (
+                                 to, frm, ", ".join(old), to, oldest_supported(to),
+                                 " -> ".join([frm] + steps(frm, to) + [to])))
+    for entry in hosts:
+        if "slurmdbd" not in (entry.get("roles") or []):
+            continue
+        v = entry.get("versions") or {}
+        dbd = release_of((v.get("running") or {}).get("slurmdbd") or (v.get("installed") or {}).get("slurmdbd"))
+        if dbd and ordinal(dbd) < ordinal(to):
+            out["errors"].append("slurmdbd on %s is Slurm %s: slurmdbd goes first (step 1: "
+                                 "playbooks/accounting_backup.yml, Slurm %s on its host, site.yml), then the "
+                                 "controllers" % (entry["host"], dbd, to))
+    out["target"] = new[0]
+    out["text"] = "control handed from %s (Slurm %s) to %s (Slurm %s)" % (", ".join(old), frm, new[0], to)
+    return out
+
+
 def _hosts(pairs):
     return ", ".join(sorted("%s (%s)" % pair if pair[1] else pair[0] for pair in pairs))
 
 
-def slurm_upgrade_check(hosts, allow_state_loss=False, backup_max_age=86400):
+def slurm_upgrade_check(hosts, allow_state_loss=False, backup_max_age=86400, handover=None):
     errors, notes = [], []
     now = []      # (release, host, what): the Slurm that runs, or the state that waits
     target = []   # (release, host, daemon): what the converge would start
@@ -193,9 +260,19 @@ def slurm_upgrade_check(hosts, allow_state_loss=False, backup_max_age=86400):
     for rel, host, daemon in target:
         by.setdefault(daemon, []).append((rel, host))
     ctlds = sorted(set(r for r, _h in by.get("slurmctld", [])), key=ordinal)
-    if len(ctlds) > 1:
+    if len(ctlds) > 1 and handover:
+        plan = slurm_controller_handover(hosts, handover)
+        errors.extend(plan["errors"])
+        if not plan["errors"]:
+            notes.append("%s start%s slurmctld %s as standby next to slurmctld %s on %s, for the handover "
+                         "(playbooks/upgrade_controllers.yml)" % (", ".join(plan["new"]), "s" if len(plan["new"]) == 1
+                                                                  else "", plan["to"], plan["from"],
+                                                                  ", ".join(plan["old"])))
+    elif len(ctlds) > 1:
         errors.append("the controllers would run different Slurm releases (%s): they share one state, every "
-                      "controller must run the same release" % _hosts((h, "slurmctld %s" % r) for r, h in by["slurmctld"]))
+                      "controller must run the same release; with HA, playbooks/upgrade_controllers.yml starts the "
+                      "newer one on the standbys that have it and hands control to it"
+                      % _hosts((h, "slurmctld %s" % r) for r, h in by["slurmctld"]))
     ctld = ctlds[-1] if ctlds else None
     for rel, host in by.get("slurmdbd", []):
         if ctld and ordinal(ctld) > ordinal(rel):
@@ -242,4 +319,5 @@ def slurm_releases_taken_by(version):
 
 class FilterModule(object):
     def filters(self):
-        return {"slurm_upgrade_check": slurm_upgrade_check, "slurm_releases_taken_by": slurm_releases_taken_by}
+        return {"slurm_upgrade_check": slurm_upgrade_check, "slurm_releases_taken_by": slurm_releases_taken_by,
+                "slurm_controller_handover": slurm_controller_handover}

@@ -180,3 +180,52 @@ def test_every_refusal_names_the_step_the_upgrade_is_at():
     assert out["errors"] == [] and out["step"]["number"] == 3 and out["step"]["pending"] == ["cn-01 (24.11)"]
     # nothing behind: no upgrade under way
     assert slurm_upgrade_check([db, ctl26])["step"]["number"] == 0
+
+
+def test_the_controllers_handover_hands_control_to_the_standby_given_the_newer_release():
+    from ansible_collections.converged.hpc.plugins.filter.slurm_upgrade import slurm_controller_handover
+    dbd = {"host": "db", "roles": ["slurmdbd"], "versions": versions({"slurmdbd": "26.05.5"}, {"slurmdbd": "26.05.5"})}
+    ctl1 = {"host": "ctl-01", "roles": ["controller"],
+            "versions": versions({"slurmctld": "24.11.5"}, {"slurmctld": "24.11.5"}, state="24.11")}
+    ctl2 = {"host": "ctl-02", "roles": ["controller"], "versions": versions({"slurmctld": "26.05.5"})}
+    order = ["ctl-01", "ctl-02"]
+    plan = slurm_controller_handover([ctl1, ctl2, dbd], order)
+    assert plan["errors"] == [] and plan["target"] == "ctl-02" and plan["old"] == ["ctl-01"], plan
+    assert plan["text"] == "control handed from ctl-01 (Slurm 24.11) to ctl-02 (Slurm 26.05)"
+    # site.yml in the handover lets the standby start 26.05 next to 24.11; without it, refused naming the playbook
+    hosts = [ctl1, ctl2, dbd]
+    out = slurm_upgrade_check(hosts, handover=order)
+    assert out["errors"] == [] and any("for the handover (playbooks/upgrade_controllers.yml)" in n
+                                       for n in out["notes"]), out
+    (error,) = slurm_upgrade_check(hosts)["errors"]
+    assert "the controllers would run different Slurm releases" in error and "upgrade_controllers.yml" in error
+    # done: both on 26.05
+    ctl1_new = {"host": "ctl-01", "roles": ["controller"], "versions": versions({"slurmctld": "26.05.5"})}
+    done = slurm_controller_handover([ctl1_new, ctl2, dbd], order)
+    assert done["done"] and done["errors"] == [] and "nothing to hand over" in done["text"]
+
+
+def test_a_handover_is_refused_naming_the_way_when_it_is_unsafe():
+    from ansible_collections.converged.hpc.plugins.filter.slurm_upgrade import slurm_controller_handover
+    order = ["ctl-01", "ctl-02"]
+    old = {"host": "ctl-02", "roles": ["controller"], "versions": versions({"slurmctld": "24.11.5"}, {"slurmctld": "24.11.5"})}
+    new_primary = {"host": "ctl-01", "roles": ["controller"], "versions": versions({"slurmctld": "26.05.5"})}
+    (error,) = slurm_controller_handover([new_primary, old], order)["errors"]
+    assert error.startswith("ctl-01 (the primary, SlurmctldHost[0]) has Slurm 26.05 while ctl-02 has 24.11"), error
+    assert "The primary goes last" in error
+    # slurmdbd first
+    dbd = {"host": "db", "roles": ["slurmdbd"], "versions": versions({"slurmdbd": "24.11.5"}, {"slurmdbd": "24.11.5"})}
+    ctl1 = {"host": "ctl-01", "roles": ["controller"], "versions": versions({"slurmctld": "24.11.5"}, {"slurmctld": "24.11.5"})}
+    ctl2 = {"host": "ctl-02", "roles": ["controller"], "versions": versions({"slurmctld": "26.05.5"})}
+    (error,) = slurm_controller_handover([ctl1, ctl2, dbd], order)["errors"]
+    assert error.startswith("slurmdbd on db is Slurm 24.11: slurmdbd goes first (step 1"), error
+    # beyond the window, and one controller alone
+    far = {"host": "ctl-01", "roles": ["controller"], "versions": versions({"slurmctld": "22.05.8"}, {"slurmctld": "22.05.8"})}
+    (error,) = slurm_controller_handover([far, ctl2], order)["errors"]
+    assert "cannot take over the state of slurmctld 22.05" in error and "22.05 -> 23.11 -> 25.05 -> 26.05" in error
+    # one controller: whatever it has installed, nothing to hand over (site.yml restarts it)
+    alone = slurm_controller_handover([ctl2], ["ctl-02"])
+    assert alone["done"] and alone["errors"] == [], alone
+    missing = {"host": "ctl-02", "roles": ["controller"], "versions": versions({})}
+    (error,) = slurm_controller_handover([ctl1, missing], order)["errors"]
+    assert error.startswith("slurmctld is not installed on ctl-02"), error
