@@ -120,7 +120,7 @@ def phases(machine, since):
     journal = on(machine, "journalctl -t converged-hpc-keepalived -t converged-hpc-control --since @%d --no-pager "
                           "-o short-unix" % since, check=False).stdout
     for line in journal.splitlines():
-        stamp, _, text = line.partition(" ")
+        stamp, _sep, text = line.partition(" ")
         for key, mark in (("master", "is now MASTER"), ("probed", "accepts connections on"),
                           ("requested", ": requested"), ("serves", "this host serves: unreachable routes removed")):
             if mark in text and key not in out and float(stamp) >= since:
