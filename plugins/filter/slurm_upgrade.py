@@ -63,7 +63,8 @@ check: "{{ hosts | converged.hpc.slurm_upgrade_check(allow_state_loss=false) }}"
 RETURN = r"""
 _value:
   description: C(errors) (what to refuse, each one line), C(notes) (what was allowed and why), C(now) (the releases
-    that run, by host and daemon), C(target) (what the converge would run) and C(step) (where an upgrade is -
+    that run, by host and daemon), C(target) (what the converge would run), C(handover) (with O(handover), the
+    plan of filter C(converged.hpc.slurm_controller_handover); else null) and C(step) (where an upgrade is -
     C(from), C(to), C(number) 1-4 or 0 with no upgrade under way, C(name), C(pending) the hosts still behind,
     C(text) one line that says it).
   type: dict
@@ -260,8 +261,8 @@ def slurm_upgrade_check(hosts, allow_state_loss=False, backup_max_age=86400, han
     for rel, host, daemon in target:
         by.setdefault(daemon, []).append((rel, host))
     ctlds = sorted(set(r for r, _h in by.get("slurmctld", [])), key=ordinal)
-    if len(ctlds) > 1 and handover:
-        plan = slurm_controller_handover(hosts, handover)
+    plan = slurm_controller_handover(hosts, handover) if handover else None
+    if len(ctlds) > 1 and plan:
         errors.extend(plan["errors"])
         if not plan["errors"]:
             notes.append("%s start%s slurmctld %s as standby next to slurmctld %s on %s, for the handover "
@@ -303,7 +304,7 @@ def slurm_upgrade_check(hosts, allow_state_loss=False, backup_max_age=86400, han
     step = upgrade_step(hosts)
     if step["number"] and errors:
         errors = ["%s; %s" % (error, step["text"]) for error in errors]
-    return dict(errors=errors, notes=notes, step=step,
+    return dict(errors=errors, notes=notes, step=step, handover=plan,
                 now=sorted("%s %s %s" % (h, d, r) for r, h, d in now),
                 target=sorted("%s %s %s" % (h, d, r) for r, h, d in target))
 
