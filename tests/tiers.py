@@ -47,6 +47,9 @@ SUITES = {
     "rollout-gate": (MAKE + ["e2e-rollout", "E2E_MARK=gate"],
                      "the rollout lab, its gate tests: wrong rollouts refused, a busy 4-node cluster rolled to a new "
                      "image with every job COMPLETED 0:0"),
+    "upgrade-gate": (MAKE + ["e2e-upgrade", "E2E_MARK=gate"],
+                     "the upgrade lab (Debian forky's images built first), its gate test: slurmdbd 24.11 -> 26.05 "
+                     "with a checked dump, the database converted, the messages kept meanwhile, every job in sacct"),
     "elastic": (MAKE + ["e2e-elastic"], "the elastic lab whole, with its 3-minute soak"),
     "autoscale": (MAKE + ["e2e-autoscale"], "the autoscale lab whole"),
     "converged": (MAKE + ["e2e-converged"], "the shared pool lab whole"),
@@ -60,7 +63,8 @@ SUITES = {
               "hosts by ansible-core 2.21, the main job, a second converge changing nothing"),
     "upgrade": (MAKE + ["e2e-upgrade"], "Slurm 24.11 -> 26.05 in Slurm's order on an HA cluster with jobs running: "
                 "slurmdbd reinstalled with forky (the database converted), the controllers handed over "
-                "(upgrade_controllers.yml), every job in sacct"),
+                "(upgrade_controllers.yml), the compute nodes rolled to forky's image (rollout.yml), the login "
+                "node; validate.yml on 26.05 (MPI, REST), every job in sacct"),
     "releases": (MAKE + ["e2e-releases"], "Slurm 22.05 on the oldest ansible-core, an unsafe upgrade refused"),
     "cores-lab": (MAKE + ["e2e-cores"],
                   "the main job on ansible-core 2.21 (Python 3.13) and 2.16: converge, validate with accounting and "
@@ -74,8 +78,8 @@ SUITES = {
 # the streams of each tier, run at once (two: see the module's docstring)
 TIERS = {
     "gate": [
-        ["elastic-gate", "storage-gate", "converged-gate", "rollout-gate", "lint", "newest-core"],
-        ["unit", "autoscale-gate", "oldest-core"],
+        ["elastic-gate", "storage-gate", "converged-gate", "rollout-gate", "lint", "newest-core", "oldest-core"],
+        ["unit", "autoscale-gate", "upgrade-gate"],
     ],
     "all": [
         ["elastic", "two", "images-bookworm", "releases", "molecule-22.05", "molecule-default", "matrix", "cores-lab",
