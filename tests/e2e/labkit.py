@@ -3,6 +3,7 @@
 import os
 import re
 import subprocess
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -145,6 +146,32 @@ class Lab:
             raise AssertionError("%s still running after %d s, killed; its output so far:\n%s%s" % (
                 " ".join(proc.args[:4]), timeout, open(log).read()[-6000:], "\n" + explain() if explain else ""))
         return proc.returncode, open(log).read()
+
+
+class Poller:
+    """A sampler run beside a test's action: sample() called in a thread of its own from the `with` block's start
+    to its end, again `interval` seconds after each call returns."""
+    interval = 2.0
+
+    def __init__(self):
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self):
+        raise NotImplementedError
+
+    def _run(self):
+        while not self.stop.is_set():
+            self.sample()
+            self.stop.wait(self.interval)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(30)
 
 
 def machine_of(co, host, namespace="metal3"):

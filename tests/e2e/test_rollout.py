@@ -13,13 +13,12 @@ a rollout to a broken image stopped after its first new Machine, then rolled bac
 import json
 import os
 import re
-import threading
 import time
 
 import pytest
 from kubernetes import client, config
 
-from labkit import Lab, has_podman, wait_for
+from labkit import Lab, Poller, has_podman, wait_for
 
 LAB = Lab("olab", "10.89.96", 16496, ".lab/e2e-rollout", LAB_COMPUTE="4", LAB_COMPUTE_HOSTS="4",
           LAB_COMPUTE_JOIN_AT_BOOT="1", LAB_DIRECTORY="0", LAB_RAM_MIB="1048576", LAB_LEAST_PRIVILEGE="1")
@@ -94,28 +93,18 @@ def builds(co):
     return out
 
 
-class Sampler:
+class Sampler(Poller):
     """The compute nodes in service (serving: idle, allocated, mixed, completing, planned, reserved), every 2 s."""
 
     def __init__(self):
-        self.samples, self.stop = [], threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
+        super().__init__()
+        self.samples = []
 
-    def run(self):
-        while not self.stop.is_set():
-            res = on(CTL, "sinfo --noheader --Node --partition compute --format '%N %t'", check=False)
-            if res.returncode == 0:
-                states = [line.split()[1] for line in res.stdout.splitlines() if len(line.split()) == 2]
-                self.samples.append((time.time(), len([s for s in states if serving(s)])))
-            self.stop.wait(2)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(30)
+    def sample(self):
+        res = on(CTL, "sinfo --noheader --Node --partition compute --format '%N %t'", check=False)
+        if res.returncode == 0:
+            states = [line.split()[1] for line in res.stdout.splitlines() if len(line.split()) == 2]
+            self.samples.append((time.time(), len([s for s in states if serving(s)])))
 
 
 def submit_busy_load():

@@ -23,13 +23,12 @@ Every job is in accounting afterwards, those run through a step COMPLETED 0:0.""
 import json
 import os
 import re
-import threading
 import time
 
 import pytest
 from kubernetes import client, config
 
-from labkit import Lab, has_podman, wait_for
+from labkit import Lab, Poller, has_podman, wait_for
 
 LAB = Lab("ulab", "10.89.98", 16498, ".lab/e2e-upgrade", LAB_COMPUTE="2", LAB_ACCOUNTING_HOST="1",
           LAB_CONTROLLERS="2", LAB_HA="1", LAB_DIRECTORY="0", LAB_CGROUPS="0", LAB_COMPUTE_JOIN_AT_BOOT="1",
@@ -51,31 +50,21 @@ def lab():
     LAB.down()
 
 
-class ClientView:
+class ClientView(Poller):
     """What a client on a compute node sees while a playbook runs: squeue asked again 0.25 s after each answer or
     failure (3 s at most each). outage() is the longest time between two answers (from one answer's arrival to
     the next one's: slow answers and failed tries both count; about 0.6 s when nothing is out)."""
+    interval = 0.25
 
     def __init__(self, lab, host):
-        self.lab, self.host, self.answers, self.failed, self.stop = lab, host, [], 0, threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
+        super().__init__()
+        self.lab, self.host, self.answers, self.failed = lab, host, [], 0
 
-    def run(self):
-        while not self.stop.is_set():
-            res = self.lab.on(self.host, "timeout 3 squeue --noheader --format=%i", check=False)
-            if res.returncode == 0:
-                self.answers.append(time.time())
-            else:
-                self.failed += 1
-            self.stop.wait(0.25)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(30)
+    def sample(self):
+        if self.lab.on(self.host, "timeout 3 squeue --noheader --format=%i", check=False).returncode == 0:
+            self.answers.append(time.time())
+        else:
+            self.failed += 1
 
     def outage(self):
         return max((b - a for a, b in zip(self.answers, self.answers[1:])), default=0.0)
@@ -86,6 +75,14 @@ def figure(lab, what, value):
     print("upgrade: %s: %s" % (what, value))
     with open(os.path.join(lab.state, "logs", "upgrade-figures.tsv"), "a") as fh:
         fh.write("%s\t%s\n" % (what, value))
+
+
+def logged(lab, res, name):
+    """A playbook run's output kept in the lab's logs (upgrade-<name>.log); returned with its whitespace folded, to
+    search."""
+    with open(os.path.join(lab.state, "logs", "upgrade-%s.log" % name), "w") as log:
+        log.write(res.stdout)
+    return " ".join(res.stdout.split())
 
 
 def sacct(lab, jobs):
@@ -126,9 +123,7 @@ def test_slurmdbd_first_a_checked_dump_the_database_converted_nothing_lost(lab):
     assert queue and int(queue.group(1)) > 0, "slurmctld holds no message for slurmdbd"
     # 3. site.yml starts slurmdbd 26.05 over the 24.11 database (the dump is recent) and says where the upgrade is
     res = lab.playbook("site.yml")
-    with open(os.path.join(lab.state, "logs", "upgrade-step1-site.log"), "w") as log:
-        log.write(res.stdout)
-    text = " ".join(res.stdout.split())
+    text = logged(lab, res, "step1-site")
     assert res.returncode == 0, res.stdout[-4000:]
     assert "the upgrade 24.11 -> 26.05 is at step 2 of 4, the controllers (behind: %s (24.11)" % CTL in text, \
         text[-4000:]
@@ -173,9 +168,7 @@ def test_the_controllers_one_takeover_of_outage_then_the_primary_takes_control_b
     # the handover: the standby converged with 26.05, the primary's 24.11 stopped, control handed
     with ClientView(lab, CN2) as view:
         res = lab.playbook("upgrade_controllers.yml")
-    with open(os.path.join(lab.state, "logs", "upgrade-step2-handover.log"), "w") as log:
-        log.write(res.stdout)
-    text = " ".join(res.stdout.split())
+    text = logged(lab, res, "step2-handover")
     assert res.returncode == 0, res.stdout[-4000:]
     outage = re.search(r"control handed from %s \(Slurm 24.11\) to %s \(Slurm 26.05\): control out ([0-9.]+) s"
                        % (CTL, CTL2), text)
@@ -202,9 +195,7 @@ def test_the_controllers_one_takeover_of_outage_then_the_primary_takes_control_b
            "two answers", "%.1f s (%d tries failed)" % (view.outage(), view.failed))
     assert lab.job_state(CTL, through) == "RUNNING", "the job did not run through both handovers"
     assert {lab.on(host, "md5sum /etc/slurm/jwt_hs256.key").stdout.split()[0] for host in (CTL, CTL2, DB)} == {key}
-    with open(os.path.join(lab.state, "logs", "upgrade-step2-site.log"), "w") as log:
-        log.write(res.stdout)
-    text = " ".join(res.stdout.split())
+    text = logged(lab, res, "step2-site")
     assert res.returncode == 0, res.stdout[-4000:]
     assert "the upgrade 24.11 -> 26.05 is at step 3 of 4, the compute nodes (behind: %s (24.11), %s (24.11))" \
         % (CN1, CN2) in text, text[-4000:]
@@ -217,6 +208,20 @@ def node_releases(lab):
     """Slurm node name -> the release of its slurmd, as the controller has it."""
     out = lab.ask(CTL, "sinfo --noheader --Node --format='%N %v'")
     return {f[0]: ".".join(f[1].split(".")[:2]) for f in (line.split() for line in out.splitlines()) if len(f) == 2}
+
+
+class MixedReleases(Poller):
+    """When the controller was seen serving 24.11 and 26.05 slurmd together (sinfo every 3 s)."""
+    interval = 3.0
+
+    def __init__(self, lab):
+        super().__init__()
+        self.lab, self.seen = lab, []
+
+    def sample(self):
+        res = self.lab.on(CTL, "sinfo --noheader --Node --format='%v'", check=False)
+        if res.returncode == 0 and {"24.11", "26.05"} <= {v[:5] for v in res.stdout.split()}:
+            self.seen.append(time.time())
 
 
 def test_the_compute_nodes_by_a_rollout_to_forkys_image_a_job_running_through(lab):
@@ -239,31 +244,17 @@ def test_the_compute_nodes_by_a_rollout_to_forkys_image_a_job_running_through(la
     assert set(old.values()) == {"24.11"} and len(old_machines) == len(old), (old, old_machines)
     through = lab.on(CTL, "sbatch --parsable --time=10 --nodelist=%s --wrap 'sleep 90; echo through'" % CN1).stdout.strip()
     wait_for("the long job to run", lambda: lab.job_state(CTL, through) == "RUNNING", 60)
-    mixed = []
-
-    def watch(stop):
-        while not stop.is_set():
-            res = lab.on(CTL, "sinfo --noheader --Node --format='%v'", check=False)
-            if res.returncode == 0 and {"24.11", "26.05"} <= {v[:5] for v in res.stdout.split()}:
-                mixed.append(time.time())
-            stop.wait(3)
-    stop = threading.Event()
-    watcher = threading.Thread(target=watch, args=(stop,), daemon=True)
-    watcher.start()
-    t0 = time.time()
-    try:
+    with MixedReleases(lab) as mixed:
+        t0 = time.time()
         res = lab.sh(*lab.playbook_args("rollout.yml", "converged_rollout_deployment=" + MD,
                                         "converged_rollout_template=%s-forky" % MD, "converged_rollout_join_timeout=300"),
                      check=False, timeout=1800)
-    finally:
-        stop.set()
-        watcher.join(30)
-    with open(os.path.join(lab.state, "logs", "upgrade-step3-rollout.log"), "w") as log:
-        log.write(res.stdout)
+        took = time.time() - t0
+    logged(lab, res, "step3-rollout")
     assert res.returncode == 0, res.stdout[-5000:]
     figure(lab, "step 3: rollout of %d compute nodes to forky's image (a 90 s job running on one)" % len(old),
-           "%.0f s" % (time.time() - t0))
-    assert mixed, "the controllers were never seen serving 24.11 and 26.05 nodes together"
+           "%.0f s" % took)
+    assert mixed.seen, "the controllers were never seen serving 24.11 and 26.05 nodes together"
     # every Machine replaced (a new Machine may get an old one's host, and so its node name), every node on 26.05
     now = node_releases(lab)
     assert len(now) == len(old) and set(now.values()) == {"26.05"}, (old, now)
@@ -271,9 +262,7 @@ def test_the_compute_nodes_by_a_rollout_to_forkys_image_a_job_running_through(la
     assert lab.job_state(CTL, through) in ("COMPLETED", None)
     assert sacct(lab, [through]) == {through: ("COMPLETED", "0:0")}
     res = lab.playbook("site.yml")
-    with open(os.path.join(lab.state, "logs", "upgrade-step3-site.log"), "w") as log:
-        log.write(res.stdout)
-    text = " ".join(res.stdout.split())
+    text = logged(lab, res, "step3-site")
     assert res.returncode == 0, res.stdout[-4000:]
     assert "the upgrade 24.11 -> 26.05 is at step 4 of 4, the login nodes (behind: %s (24.11))" % LOGIN in text, \
         text[-4000:]
@@ -283,18 +272,14 @@ def test_the_login_node_last_then_validate_yml_on_26_05(lab):
     """Step 4: the login node reinstalled with forky and converged; no step left; validate.yml on 26.05."""
     reinstall(lab, LOGIN, "login")
     res = lab.playbook("site.yml")
-    with open(os.path.join(lab.state, "logs", "upgrade-step4-site.log"), "w") as log:
-        log.write(res.stdout)
-    text = " ".join(res.stdout.split())
+    text = logged(lab, res, "step4-site")
     assert res.returncode == 0, res.stdout[-4000:]
     assert "is at step" not in text, text[-4000:]
     assert dbd_release(lab) == "26.05" and installed(lab, LOGIN, "slurm-client") == "26.05"
     assert installed(lab, CTL, "slurmctld") == "26.05" and installed(lab, CTL2, "slurmctld") == "26.05"
     assert set(node_releases(lab).values()) == {"26.05"}
     res = lab.playbook("validate.yml")
-    with open(os.path.join(lab.state, "logs", "upgrade-validate.log"), "w") as log:
-        log.write(res.stdout)
-    text = " ".join(res.stdout.split())
+    text = logged(lab, res, "validate")
     assert res.returncode == 0, res.stdout[-4000:]
     assert re.search(r"MPI \(srun --mpi=pmi2\): [1-9]\d* rank\(s\) reported", text), text[-3000:]
     assert "login nodes: %s submitted job" % LOGIN in text, text[-3000:]
