@@ -6,6 +6,9 @@
 #   controllers/   cluster-api-manager   (sigs.k8s.io/cluster-api, the core manager)
 #                  capm3-manager         (github.com/metal3-io/cluster-api-provider-metal3)
 #                  baremetal-operator    (github.com/metal3-io/baremetal-operator, run with --test-mode)
+#   keda/          keda-operator, keda-adapter (github.com/kedacore/keda/v2: only with KUBE_ASSETS_KEDA=1,
+#                  i.e. make kube-assets KEDA=1), with kube-controller-manager from apiserver/'s
+#                  k8s.io/kubernetes (its HPA controller drives KEDA's HorizontalPodAutoscaler)
 #
 # Static (CGO off), stripped, cached by version under $CONVERGED_HPC_CACHE (default
 # ~/.cache/converged-hpc/kube-assets): a second run, a fresh clone or `make lab-down` rebuilds nothing.
@@ -106,10 +109,15 @@ K8S_VERSION=$(module_version apiserver k8s.io/kubernetes)
 CAPI_VERSION=$(module_version controllers sigs.k8s.io/cluster-api)
 CAPM3_VERSION=$(module_version controllers github.com/metal3-io/cluster-api-provider-metal3)
 BMO_VERSION=$(module_version controllers github.com/metal3-io/baremetal-operator)
-# one cache entry per version set (and per go.sum, should a pin change without a version)
-sum_of() { sha256sum "$HERE/$1/go.mod" "$HERE/$1/go.sum" | sha256sum | cut -c1-8; }
+# one cache entry per version set (and per go.sum, should a pin change without a version): of the pins'
+# content only, so that a clone anywhere else finds the same entry
+sum_of() { cat "$HERE/$1/go.mod" "$HERE/$1/go.sum" | sha256sum | cut -c1-8; }
 APISERVER_DIR="$CACHE/kube-apiserver-$K8S_VERSION-$(sum_of apiserver)"
 CONTROLLERS_DIR="$CACHE/controllers-capi-$CAPI_VERSION-capm3-$CAPM3_VERSION-bmo-$BMO_VERSION-$(sum_of controllers)"
+KEDA=${KUBE_ASSETS_KEDA:-0}
+[[ "$KEDA" == 0 || "$KEDA" == 1 ]] || die "KUBE_ASSETS_KEDA (make kube-assets KEDA=...) is '$KEDA': give 0 or 1"
+KEDA_VERSION=$(module_version keda github.com/kedacore/keda/v2)
+KEDA_DIR="$CACHE/keda-$KEDA_VERSION-kcm-$K8S_VERSION-$(sum_of keda)-$(sum_of apiserver)"
 mkdir -p "$CACHE"
 # one build at a time (make test starts this beside the image builds; a second caller waits, then
 # finds the binaries cached)
@@ -158,6 +166,38 @@ else
   mv "$tmp" "$CONTROLLERS_DIR"
 fi
 
+if [[ "$KEDA" == 1 ]]; then
+  if [[ -x "$KEDA_DIR/keda-operator" && -x "$KEDA_DIR/kube-controller-manager" && -d "$KEDA_DIR/keda-rbac" ]]; then
+    say "KEDA $KEDA_VERSION, kube-controller-manager $K8S_VERSION: cached (${KEDA_DIR/#$HOME/\~})"
+  else
+    say "KEDA $KEDA_VERSION and kube-controller-manager $K8S_VERSION: building (minutes when Go's caches are cold)"
+    download keda
+    tmp="$KEDA_DIR.tmp"
+    rm -rf "$tmp"
+    build "KEDA" keda "$tmp" \
+      "-X github.com/kedacore/keda/v2/version.Version=${KEDA_VERSION#v} -X github.com/kedacore/keda/v2/version.GitCommit=module" \
+      github.com/kedacore/keda/v2/cmd/operator github.com/kedacore/keda/v2/cmd/adapter
+    mv "$tmp/operator" "$tmp/keda-operator"
+    mv "$tmp/adapter" "$tmp/keda-adapter"
+    minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+    build kube-controller-manager apiserver "$tmp" \
+      "-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
+      k8s.io/kubernetes/cmd/kube-controller-manager
+    # KEDA's CRDs and the RBAC its operator and metrics server run with, as v$KEDA_VERSION publishes them
+    keda_src=$(module_dir keda github.com/kedacore/keda/v2)
+    mkdir -p "$tmp/crds" "$tmp/keda-rbac"
+    cp "$keda_src"/config/crd/bases/*.yaml "$tmp/crds/"
+    cp "$keda_src"/config/service_account/service_account.yaml "$tmp/keda-rbac/"
+    cp "$keda_src"/config/rbac/role.yaml "$tmp/keda-rbac/operator-role.yaml"
+    cp "$keda_src"/config/rbac/role_binding.yaml "$tmp/keda-rbac/operator-role_binding.yaml"
+    cp "$keda_src"/config/metrics-server/role.yaml "$tmp/keda-rbac/metrics-server-role.yaml"
+    cp "$keda_src"/config/metrics-server/role_binding.yaml "$tmp/keda-rbac/metrics-server-role_binding.yaml"
+    chmod -R u+w "$tmp/crds" "$tmp/keda-rbac"
+    rm -rf "$KEDA_DIR"
+    mv "$tmp" "$KEDA_DIR"
+  fi
+fi
+
 # ---- the assets directory: links into the cache, etcd from Debian's etcd-server
 if ! command -v etcd >/dev/null && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
   say "installing etcd (Debian package etcd-server; its own service disabled)"
@@ -180,4 +220,11 @@ cluster-api-provider-metal3 $CAPM3_VERSION
 baremetal-operator $BMO_VERSION
 etcd $("$ETCD" --version 2>/dev/null | sed -n 's/^etcd Version: //p')
 EOF
+if [[ "$KEDA" == 1 ]]; then
+  for b in keda-operator keda-adapter kube-controller-manager keda-rbac; do
+    ln -sfn "$KEDA_DIR/$b" "$ASSETS/$b"
+  done
+  ln -sfn "$KEDA_DIR/crds" "$ASSETS/keda-crds"
+  printf 'keda %s\nkube-controller-manager %s\n' "$KEDA_VERSION" "$K8S_VERSION" >>"$ASSETS/versions"
+fi
 say "$ASSETS: kube-apiserver $K8S_VERSION, etcd $(sed -n 's/^etcd //p' "$ASSETS/versions"), Cluster API $CAPI_VERSION, CAPM3 $CAPM3_VERSION, BMO $BMO_VERSION"
