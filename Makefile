@@ -15,7 +15,7 @@ ifeq ($(origin KUBEBUILDER_ASSETS),undefined)
 export KUBEBUILDER_ASSETS := $(KUBE_ASSETS)
 endif
 
-.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images images-trixie images-bookworm images-forky unit lint sanity matrix molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-storage e2e-shape e2e-converged e2e-cores e2e-forky e2e-rollout e2e-upgrade test test-all build ee
+.PHONY: help deps dev-collection kube-assets lab lab-scale lab-move lab-rebalance lab-down lab-ping lab-status images images-trixie images-bookworm images-forky unit kube-keda lint sanity matrix molecule molecule-22.05 e2e e2e-releases e2e-two e2e-elastic e2e-autoscale e2e-others e2e-storage e2e-shape e2e-converged e2e-cores e2e-forky e2e-rollout e2e-upgrade e2e-keda test test-all build ee
 
 help:
 	@sed -n 's/^## //p' Makefile
@@ -87,9 +87,11 @@ images-forky:
 
 ## make kube-assets  build kube-apiserver, the Cluster API, CAPM3 and Bare Metal Operator managers from
 ##                 their Go modules (cached by version: minutes cold, seconds after), link them and etcd
-##                 in .lab/kube-assets (KUBEBUILDER_ASSETS)
+##                 in .lab/kube-assets (KUBEBUILDER_ASSETS); KEDA=1 adds KEDA's operator and metrics server
+##                 and kube-controller-manager (docs/autoscale.md, KEDA)
+KEDA ?= 0
 kube-assets:
-	@if [ "$$KUBEBUILDER_ASSETS" = "$(KUBE_ASSETS)" ]; then kube-assets/build.sh "$(KUBE_ASSETS)"; \
+	@if [ "$$KUBEBUILDER_ASSETS" = "$(KUBE_ASSETS)" ]; then KUBE_ASSETS_KEDA=$(KEDA) kube-assets/build.sh "$(KUBE_ASSETS)"; \
 	else echo "[kube-assets] KUBEBUILDER_ASSETS=$$KUBEBUILDER_ASSETS (given: nothing built)"; fi
 
 ## make unit       unit, integration and real-apiserver tests (pytest; tests/kube: kube-apiserver, and the
@@ -105,6 +107,13 @@ matrix: dev-collection kube-assets
 	tests/matrix.sh $(MATRIX)
 
 ## make lint       ansible-lint (production profile) and ansible-test sanity
+## make kube-keda  KEDA v2.21 (its operator, its metrics server behind the aggregation layer) and the HPA
+##                 controller scaling a MachineDeployment of the real Cluster API by a partition's demand read
+##                 from slurmrestd's jobs (tests/kube/test_keda.py; builds make kube-assets KEDA=1 first)
+kube-keda: dev-collection
+	@$(MAKE) -s --no-print-directory kube-assets KEDA=1
+	CONVERGED_KEDA_REQUIRED=1 $(PYTHON) -m pytest -q --durations=5 tests/kube/test_keda.py
+
 lint: dev-collection
 	ansible-lint --profile production
 	tests/sanity.sh
@@ -156,6 +165,12 @@ e2e-others: e2e-shape e2e-storage
 ##                 ansible-core 2.21; the main job, a second converge changing nothing
 e2e-forky: dev-collection images-forky kube-assets
 	$(E2E_RUN) tests/e2e/test_forky.py
+
+## make e2e-keda  KEDA as the autoscaler in a lab (LAB_KEDA=1): keda.yml's token and ScaledObject, held jobs
+##                 scaling nothing, three jobs 0 -> 3 -> 0 by KEDA with the reconcile rulebook, every job COMPLETED
+e2e-keda: dev-collection images-trixie
+	@$(MAKE) -s --no-print-directory kube-assets KEDA=1
+	$(E2E_RUN) tests/e2e/test_keda.py
 
 ## make e2e-rollout  a new node image rolled over a busy 4-node cluster (playbooks/rollout.yml): every job run to
 ##                 its end, a broken image stopped after one Machine and rolled back, a deadline kept

@@ -26,6 +26,9 @@ MAKE = ["make", "-s", "--no-print-directory"]
 # every suite: its command and what it covers (the README's Tests section and docs/testing.md say the same)
 SUITES = {
     "unit": (MAKE + ["unit"], "pytest tests/unit, tests/integration, tests/kube (the real kube-apiserver and controllers)"),
+    "keda": (MAKE + ["kube-keda"], "KEDA v2.21 built from its module (make kube-assets KEDA=1) with the HPA controller: "
+             "a compute MachineDeployment of the real Cluster API scaled 0 -> 3 -> 0 by a partition's demand from "
+             "slurmrestd's jobs, held and dependent jobs scaling nothing"),
     "lint": (MAKE + ["lint"], "ansible-lint --profile production and ansible-test sanity"),
     "oldest-core": (["tests/matrix.sh", "2.16"],
                     "the oldest ansible-core claimed (2.16): unit tests, sanity's release tests, every playbook's syntax"),
@@ -84,7 +87,8 @@ TIERS = {
     "all": [
         ["elastic", "two", "images-bookworm", "releases", "molecule-22.05", "molecule-default", "matrix", "cores-lab",
          "forky", "upgrade"],
-        ["unit", "autoscale", "converged", "shape", "storage", "rollout", "molecule-cluster", "molecule-ha", "lint"],
+        ["unit", "autoscale", "converged", "shape", "storage", "rollout", "molecule-cluster", "molecule-ha", "keda",
+         "lint"],
     ],
 }
 
