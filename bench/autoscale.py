@@ -12,11 +12,17 @@ autoscale.yml, Machine events run reconcile.yml); nobody runs a playbook. For ea
 every Machine Provisioned (Cluster API, CAPM3 and the Bare Metal Operator claim and provision the hosts), every
 node IDLE in Slurm (the join: reconcile.yml's converge, or the first boot), the job RUNNING (Slurm).
 
-    python3 bench/autoscale.py [--nodes 1,2] [--interval 10] [--idle-time 20] [--join-at-boot] [--keep]
+    python3 bench/autoscale.py [--nodes 1,2] [--interval 10] [--idle-time 20] [--join-at-boot] [--keda] [--keep]
 
 --join-at-boot runs the same rounds again in the same lab with the compute MachineDeployment joining at
 first boot (converged_join_at_boot, its Secret written by join_at_boot.yml and named by its template):
 the two ways side by side, on one machine in one run.
+
+--keda runs the same rounds again in the same lab with KEDA v2.21 as the driver (LAB_KEDA=1; make kube-assets
+KEDA=1 builds it): the rulebook's tick stopped, playbooks/keda.yml's ScaledObject on the compute
+MachineDeployment (max 10, KEDA polling every --interval s, cooldown --idle-time s), its metrics-api trigger
+reading slurmrestd; the reconcile rulebook joins and releases the Machines. Both drivers side by side, on one
+machine in one run, with the same interval and idle time.
 
 On the real management cluster (kube-apiserver, Cluster API, CAPM3 and the Bare Metal Operator).
 
@@ -70,8 +76,11 @@ def main():
     ap.add_argument("--idle-time", type=int, default=20, help="converged_autoscale_idle_time (s)")
     ap.add_argument("--join-at-boot", action="store_true",
                     help="then the same rounds with the MachineDeployment joining at first boot")
+    ap.add_argument("--keda", action="store_true", help="then the same rounds with KEDA as the driver")
     ap.add_argument("--keep", action="store_true", help="leave the lab up")
     args = ap.parse_args()
+    if args.keda:
+        ENV["LAB_KEDA"] = "1"
     ENV["LAB_AUTOSCALE_INTERVAL"] = str(args.interval)
     # enough compute hosts for the largest round (a real management cluster claims registered hosts)
     ENV["LAB_COMPUTE_HOSTS"] = str(max(int(n) for n in args.nodes.split(",")))
@@ -80,6 +89,8 @@ def main():
 
 def run(args):
     sh("make", "-s", "dev-collection")
+    if args.keda:
+        sh("make", "-s", "kube-assets", "KEDA=1")
     sh("lab/lab.sh", "down")
     for step in ("up", "mgmt", "converge"):
         sh("lab/lab.sh", step)
@@ -117,6 +128,16 @@ def run(args):
         co.patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", NS, "machinedeployments", MD, {
             "spec": {"template": {"spec": {"bootstrap": {"dataSecretName": MD + "-join"}}}}})
 
+    def keda():
+        """KEDA drives the pool instead of the tick: keda.yml's ScaledObject, the reconcile rulebook."""
+        sh("lab/lab.sh", "events-stop")
+        with open(os.path.join(STATE, "group_vars", "all", "keda.yml"), "w") as fh:
+            fh.write("converged_keda_pools: [{deployment: %s, partition: compute, max: 10, polling: %d, "
+                     "cooldown: %d}]\n" % (MD, args.interval, args.idle_time))
+        sh("ansible-playbook", "-i", os.path.join(STATE, "capi.capi_machines.yml"), "playbooks/keda.yml")
+        ENV["LAB_EVENTS_RULEBOOK"] = "reconcile"
+        sh("lab/lab.sh", "events")
+
     def running(job, nodes, t0, before, peak, marks):
         """Whether the job runs; marks when the replicas were raised, the Machines Provisioned, the nodes IDLE."""
         count = replicas()
@@ -136,16 +157,24 @@ def run(args):
 
     print("autoscale bench (the real Cluster API, CAPM3 and Bare Metal Operator): tick %d s, idle time %d s, "
           "cooldown 0, prebaked image" % (args.interval, args.idle_time))
+    if args.keda:
+        print("KEDA v2.21 (metrics-api on slurmrestd's jobs): polling %d s, cooldown %d s, HPA sync 15 s, the HPA's "
+              "scale-down stabilization %d s" % (args.interval, args.idle_time, args.idle_time))
     print("sbatch -> RUNNING is split: scaled (replicas raised), provisioned (every Machine Provisioned), "
           "joined (every node IDLE), RUNNING; each from sbatch")
-    print("%-14s %-6s %-8s %-12s %-8s %-22s %-22s %-s" % (
-        "join", "nodes", "scaled", "provisioned", "joined", "sbatch -> RUNNING (s)", "done -> 0 replicas (s)",
+    print("%-10s %-14s %-6s %-8s %-12s %-8s %-22s %-22s %-s" % (
+        "driver", "join", "nodes", "scaled", "provisioned", "joined", "sbatch -> RUNNING (s)", "done -> 0 replicas (s)",
         "peak replicas"))
     try:
-        for variant in ("reconcile.yml", "at first boot") if args.join_at_boot else ("reconcile.yml",):
-            if variant == "at first boot":
+        variants = [("autoscale", "reconcile.yml")] + ([("autoscale", "at first boot")] if args.join_at_boot else [])
+        variants += [("keda", variants[-1][1])] if args.keda else []
+        for driver, variant in variants:
+            if variant == "at first boot" and driver == "autoscale":
                 wait("an empty pool", lambda: replicas() == 0 and not machines())
                 join_at_boot()
+            if driver == "keda":
+                wait("an empty pool", lambda: replicas() == 0 and not machines())
+                keda()
             for nodes in [int(n) for n in args.nodes.split(",")]:
                 wait("an empty pool", lambda: replicas() == 0 and not machines())
                 before = {m["metadata"]["name"] for m in machines()}
@@ -156,8 +185,8 @@ def run(args):
                 t_done = wait("job %s completed" % job, functools.partial(completed, job))
                 t_zero = wait("back to 0", lambda: replicas() == 0 and not machines())
                 split = ["%.1f" % marks[k] if k in marks else "-" for k in ("scaled", "provisioned", "joined")]
-                print("%-14s %-6d %-8s %-12s %-8s %-22.1f %-22.1f %d" % (
-                    variant, nodes, split[0], split[1], split[2], t_run - t0, t_zero - t_done, peak[0]), flush=True)
+                print("%-10s %-14s %-6d %-8s %-12s %-8s %-22.1f %-22.1f %d" % (
+                    driver, variant, nodes, split[0], split[1], split[2], t_run - t0, t_zero - t_done, peak[0]), flush=True)
     finally:
         sh("lab/lab.sh", "events-stop")
         if not args.keep:

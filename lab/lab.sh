@@ -129,6 +129,7 @@ validate_conf() {
     || die "LAB_FLAVOUR='$LAB_FLAVOUR' is not stock or prebaked"
   [[ "$LAB_LEAST_PRIVILEGE" == 0 || "$LAB_LEAST_PRIVILEGE" == 1 ]] \
     || die "LAB_LEAST_PRIVILEGE='$LAB_LEAST_PRIVILEGE' must be 0 or 1"
+  [[ "$LAB_KEDA" == 0 || "$LAB_KEDA" == 1 ]] || die "LAB_KEDA='$LAB_KEDA' must be 0 or 1"
   [[ "$LAB_CONTROLLERS" =~ ^[0-9]+$ && "$LAB_CONTROLLERS" -le 9 ]] \
     || die "LAB_CONTROLLERS='$LAB_CONTROLLERS' must be an integer 0-9"
   [[ "$LAB_COMPUTE" =~ ^[0-9]+$ && "$LAB_COMPUTE" -le 179 ]] \
@@ -718,6 +719,14 @@ mgmt_start() {
     [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/$bin" ]] \
       || die "the real management cluster needs $bin in \$KUBEBUILDER_ASSETS ('${KUBEBUILDER_ASSETS:-}'): run 'make kube-assets'"
   done
+  local keda=()
+  if [[ "$LAB_KEDA" == 1 ]]; then
+    for bin in keda-operator keda-adapter kube-controller-manager; do
+      [[ -x "$KUBEBUILDER_ASSETS/$bin" ]] \
+        || die "LAB_KEDA=1 needs $bin in \$KUBEBUILDER_ASSETS ('$KUBEBUILDER_ASSETS'): run 'make kube-assets KEDA=1'"
+    done
+    keda=(--keda)
+  fi
   lab_secrets
   real_hosts >"$dir/hosts.tsv"
   (umask 077; python3 "$LAB_DIR/capi_objects.py" "$dir/hosts.tsv" "$dir/objects.yaml" \
@@ -737,9 +746,9 @@ mgmt_start() {
     workload_api_stop
   fi
   rm -rf "$dir/mgmt" "$dir/hostagent"; mkdir -p "$dir/mgmt"
-  say "starting the management cluster: kube-apiserver, etcd, Cluster API, CAPM3 and the Bare Metal Operator ($(head -c 200 "$KUBEBUILDER_ASSETS/versions" | tr '\n' ' '))"
+  say "starting the management cluster: kube-apiserver, etcd, Cluster API, CAPM3 and the Bare Metal Operator$([[ "$LAB_KEDA" == 1 ]] && echo ", KEDA and the HPA controller") ($(head -c 300 "$KUBEBUILDER_ASSETS/versions" | tr '\n' ' '))"
   setsid nohup python3 "$LAB_DIR/mgmt.py" serve "$dir/mgmt" --port "$API_PORT" --token-file "$dir/token" \
-    --objects "$dir/objects.yaml" --logs "$STATE/logs" "${workload[@]}" >"$STATE/logs/mgmt.log" 2>&1 </dev/null &
+    --objects "$dir/objects.yaml" --logs "$STATE/logs" "${workload[@]}" "${keda[@]}" >"$STATE/logs/mgmt.log" 2>&1 </dev/null &
   echo $! >"$dir/mgmt.pid"
   local deadline=$(( $(date +%s) + 240 ))
   until [[ -s "$dir/mgmt/url" ]]; do

@@ -90,14 +90,15 @@ def cluster_kubeconfig_secrets(server, docs, workloads=None):
     return out
 
 
-def link_logs(logs, server, controllers):
+def link_logs(logs, server, *runners):
     if not logs:
         return
     os.makedirs(logs, exist_ok=True)
     targets = {"etcd.log": os.path.join(server.workdir, "etcd.log"),
                "kube-apiserver.log": os.path.join(server.workdir, "kube-apiserver.log")}
-    for name in controllers.BINARIES:
-        targets[name + ".log"] = os.path.join(controllers.workdir, name + ".log")
+    for runner in runners:
+        for name in runner.BINARIES:
+            targets[name + ".log"] = os.path.join(runner.workdir, name + ".log")
     for name, target in targets.items():
         link = os.path.join(logs, name)
         if os.path.lexists(link):
@@ -117,15 +118,18 @@ def serve(args):
     signal.signal(signal.SIGINT, lambda *_: stopped.append(True))
     t0 = time.monotonic()
     server = kubeapi.KubeApiServer(os.path.join(workdir, "apiserver"), crds=kubeapi.module_crds(), port=args.port,
-                                   admin_token=token, test_users=False)
+                                   admin_token=token, test_users=False, aggregation=args.keda)
     # a Kubernetes workload cluster's first control plane Machine gets its nodeRef at Cluster API's next
     # resync after its Node registered (kubeapi.Controllers): 30 s, not 10 minutes, in the lab
     controllers = kubeapi.Controllers(server, os.path.join(workdir, "controllers"),
                                       sync_period=30 if args.workload else None)
+    # LAB_KEDA=1: KEDA and the HPA controller beside them (docs/autoscale.md, KEDA)
+    runners = [controllers] + ([kubeapi.Keda(server, os.path.join(workdir, "keda"))] if args.keda else [])
     try:
         server.start()
-        link_logs(args.logs, server, controllers)
-        controllers.start()
+        link_logs(args.logs, server, *runners)
+        for runner in runners:
+            runner.start()
         api = server.api()
         docs = [doc for path in args.objects for doc in read_stream(path)]
         workloads = dict(w.split("=", 1) for w in args.workload)
@@ -136,15 +140,17 @@ def serve(args):
             fh.write(server.url + "\n")
         print("management cluster on %s in %.1f s: kube-apiserver %s, %s" % (
             server.url, time.monotonic() - t0, api.ok("GET", "/version")["gitVersion"],
-            ", ".join(controllers.BINARIES)), flush=True)
+            ", ".join(name for runner in runners for name in runner.BINARIES)), flush=True)
         while not stopped:
-            for name, (proc, _log) in controllers.procs.items():
-                if proc.poll() is not None:
-                    print("%s exited (%s):\n%s" % (name, proc.returncode, controllers.log_tail(name)), flush=True)
-                    stopped.append(True)
+            for runner in runners:
+                for name, (proc, _log) in runner.procs.items():
+                    if proc.poll() is not None:
+                        print("%s exited (%s):\n%s" % (name, proc.returncode, runner.log_tail(name)), flush=True)
+                        stopped.append(True)
             time.sleep(1)
     finally:
-        controllers.stop()
+        for runner in reversed(runners):
+            runner.stop()
         server.stop()
     return 0
 
@@ -171,7 +177,7 @@ def claimed(args):
 
 
 # the roles of rbac/ that belong in the management cluster (workload_reader.yml is the workload cluster's)
-MANAGEMENT_ROLES = ("inventory", "lifecycle", "autoscale", "join_at_boot", "move", "rollout")
+MANAGEMENT_ROLES = ("inventory", "lifecycle", "autoscale", "join_at_boot", "move", "rollout", "keda")
 
 
 def identity(args):
@@ -225,6 +231,7 @@ def main(argv=None):
     run.add_argument("--token-file", required=True, help="the admin user's bearer token (kept out of argv)")
     run.add_argument("--objects", action="append", default=[])
     run.add_argument("--logs", help="link the servers' logs here")
+    run.add_argument("--keda", action="store_true", help="KEDA and the HPA controller too (make kube-assets KEDA=1)")
     run.add_argument("--workload", action="append", default=[], metavar="CLUSTER=KUBECONFIG",
                      help="the Cluster's own Kubernetes API (its kubeconfig Secret names it)")
     put = sub.add_parser("apply")
