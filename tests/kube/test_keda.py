@@ -249,6 +249,10 @@ def test_keda_scales_a_machine_deployment_by_slurm_demand(cluster):
     assert zero_in >= COOLDOWN - POLLING  # not before KEDA's cooldown
     wait_for("the Machines gone", lambda: not api.list(CAPI, "machines", NS), runners, timeout=240)
     wait_for("the hosts available again", lambda: set(host_states(api, NS).values()) == {"available"}, runners)
-    print("KEDA (polling %d s, cooldown %d s, HPA sync 15 s): 0 -> %d replicas %.1f s after the demand appeared, "
-          "%d Machines Provisioned at %.1f s; back to 0 replicas %.1f s after the queue emptied"
-          % (POLLING, COOLDOWN, MAX, scaled_in, MAX, provisioned_in, zero_in))
+    figures = ("KEDA (polling %d s, cooldown %d s, HPA sync 15 s): 0 -> %d replicas %.1f s after the demand appeared, "
+               "%d Machines Provisioned at %.1f s; back to 0 replicas %.1f s after the queue emptied"
+               % (POLLING, COOLDOWN, MAX, scaled_in, MAX, provisioned_in, zero_in))
+    print(figures)
+    os.makedirs(os.path.join(REPO, ".lab", "logs"), exist_ok=True)
+    with open(os.path.join(REPO, ".lab", "logs", "kube-keda-figures.tsv"), "a") as fh:
+        fh.write("%s\t%s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), figures))
