@@ -22,13 +22,13 @@ from kubernetes import client, config
 import kubeapi
 from labkit import Lab, has_podman, wait_for
 
-LAB = Lab("klab", "10.89.89", 16489, ".lab/e2e-keda", LAB_COMPUTE="0", LAB_DIRECTORY="0", LAB_KEDA="1",
+LAB = Lab("kdlab", "10.89.89", 16489, ".lab/e2e-keda", LAB_COMPUTE="0", LAB_DIRECTORY="0", LAB_KEDA="1",
           LAB_RAM_MIB="1048576", LAB_LEAST_PRIVILEGE="1")
 STATE = LAB.state
 sh, on = LAB.sh, LAB.on
-CTL = "klab-ctl-01"
+CTL = "kdlab-ctl-01"
 NS, G, V = "metal3", "cluster.x-k8s.io", "v1beta2"
-MD = "klab-compute"
+MD = "kdlab-compute"
 POLLING, COOLDOWN, MAX = 5, 60, 3
 POOLS = [{"deployment": MD, "partition": "compute", "max": MAX, "polling": POLLING, "cooldown": COOLDOWN}]
 
