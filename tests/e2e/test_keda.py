@@ -15,6 +15,7 @@ import os
 import re
 import time
 import urllib.parse
+import urllib.request
 
 import pytest
 from kubernetes import client, config
@@ -106,10 +107,11 @@ def test_keda_yml_makes_the_token_and_the_scaled_object_then_changes_nothing(lab
     api = admin()
     token = base64.b64decode(api.get("v1", "secrets", NS, "slurm-keda-token")["data"]["token"]).decode()
     assert re.match(r"^[\w-]+\.[\w-]+\.[\w-]+$", token) and token not in res.stdout + res.stderr
-    # slurmrestd takes it: the jobs of the partition, as KEDA reads them
-    rest = on(CTL, "curl -s -o /dev/null -w '%%{http_code}' -H 'X-SLURM-USER-TOKEN: %s' "
-                   "http://127.0.0.1:6820/slurm/v0.0.42/jobs" % token).stdout
-    assert rest == "200", rest
+    # slurmrestd takes it alone (no user name header): the jobs, at the URL KEDA asks, from where KEDA runs
+    url = api.get("keda.sh/v1alpha1", "scaledobjects", NS, MD)["spec"]["triggers"][0]["metadata"]["url"]
+    assert url.endswith(":6820/slurm/v0.0.42/jobs"), url
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"X-SLURM-USER-TOKEN": token}), timeout=30) as resp:
+        assert resp.status == 200 and "jobs" in json.load(resp)
     again = keda_yml()
     assert again.returncode == 0 and "token of slurm-keda kept" in again.stdout, again.stdout[-3000:]
     assert re.search(r"localhost\s+: ok=\d+\s+changed=0 ", again.stdout), again.stdout[-2000:]
