@@ -155,8 +155,12 @@ def test_the_controllers_one_takeover_of_outage_then_the_primary_takes_control_b
     controller releases and naming the playbook, upgrade_controllers.yml handing control to it with a job running,
     then the primary given 26.05 and site.yml: it takes control back, and the check names step 3."""
     assert dbd_release(lab) == "26.05", "step 1 (the test before) did not leave slurmdbd on 26.05"
-    # a job long enough to run through both handovers (about 6 minutes here with the reinstalls)
-    through = lab.on(CTL, "sbatch --parsable --time=15 --nodelist=%s --wrap 'sleep 420; echo through'" % CN1).stdout.strip()
+    # a job that runs through both handovers, however long they take on a busy machine: it ends when the test
+    # releases it (a file on its node), its time limit only a bound
+    release = "/var/tmp/converged-upgrade-step2-release"
+    lab.on(CN1, "rm -f %s" % release)
+    through = lab.on(CTL, "sbatch --parsable --time=30 --nodelist=%s --wrap 'while [ ! -e %s ]; do sleep 2; done; "
+                          "echo through'" % (CN1, release)).stdout.strip()
     wait_for("the long job to run", lambda: lab.job_state(CTL, through) == "RUNNING", 60)
     reinstall(lab, CTL2, "controller")
     assert installed(lab, CTL2, "slurmctld") == "26.05" and installed(lab, CTL, "slurmctld") == "24.11"
@@ -199,7 +203,8 @@ def test_the_controllers_one_takeover_of_outage_then_the_primary_takes_control_b
     assert res.returncode == 0, res.stdout[-4000:]
     assert "the upgrade 24.11 -> 26.05 is at step 3 of 4, the compute nodes (behind: %s (24.11), %s (24.11))" \
         % (CN1, CN2) in text, text[-4000:]
-    wait_for("the job run through the step to end", lambda: lab.job_state(CTL, through) in ("COMPLETED", None), 480)
+    lab.on(CN1, "touch %s" % release)
+    wait_for("the job run through the step to end", lambda: lab.job_state(CTL, through) in ("COMPLETED", None), 120)
     jobs = sacct(lab, [through, after])
     assert jobs == {through: ("COMPLETED", "0:0"), after: ("COMPLETED", "0:0")}, jobs
 
