@@ -29,6 +29,8 @@ SUITES = {
     "keda": (MAKE + ["kube-keda"], "KEDA v2.21 built from its module (make kube-assets KEDA=1) with the HPA controller: "
              "a compute MachineDeployment of the real Cluster API scaled 0 -> 3 -> 0 by a partition's demand from "
              "slurmrestd's jobs, held and dependent jobs scaling nothing"),
+    "e2e-keda": (MAKE + ["e2e-keda"], "KEDA as the autoscaler in a lab (LAB_KEDA=1): keda.yml's token and ScaledObject, "
+                 "held jobs scaling nothing, three jobs 0 -> 3 -> 0 on the lab's slurmrestd, every job COMPLETED"),
     "lint": (MAKE + ["lint"], "ansible-lint --profile production and ansible-test sanity"),
     "oldest-core": (["tests/matrix.sh", "2.16"],
                     "the oldest ansible-core claimed (2.16): unit tests, sanity's release tests, every playbook's syntax"),
@@ -88,7 +90,7 @@ TIERS = {
         ["elastic", "two", "images-bookworm", "releases", "molecule-22.05", "molecule-default", "matrix", "cores-lab",
          "forky", "upgrade"],
         ["unit", "autoscale", "converged", "shape", "storage", "rollout", "molecule-cluster", "molecule-ha", "keda",
-         "lint"],
+         "e2e-keda", "lint"],
     ],
 }
 
